@@ -1,0 +1,37 @@
+# Entry points. `make run` and `make test` work on a fresh Debian machine: they install what is missing.
+PRESET ?= default
+JOBS ?= $(shell nproc)
+BIN := build/$(PRESET)/bin/puredrive
+MODEL ?= models/tiny-coder
+
+.PHONY: all deps configure build test test-asan run fixtures format clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	@cmake --preset $(PRESET) > /dev/null
+
+build: configure
+	@cmake --build --preset $(PRESET) -j $(JOBS)
+
+test: build
+	@ctest --preset $(PRESET) -j $(JOBS)
+
+# Sanitizer job: CPU code under ASan + UBSan.
+test-asan:
+	@$(MAKE) --no-print-directory test PRESET=asan
+
+run: build
+	@scripts/run-demo.sh $(BIN) $(MODEL)
+
+fixtures:
+	@tools/reference/make_fixtures.sh
+
+format:
+	@git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format -i
+
+clean:
+	rm -rf build

@@ -1,0 +1,82 @@
+// ModelConfig: the hyperparameters of a qwen3_5_moe / qwen3_5_moe_text / qwen3_next checkpoint, parsed from
+// config.json and validated. Field names keep their config.json spelling (spec/qwen3_5_moe.md §1).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "puredrive/util/status.h"
+
+namespace pd {
+
+enum class Arch { kQwen3_5Moe, kQwen3Next };
+enum class LayerType { kLinearAttention, kFullAttention };
+
+// MLX affine quantization parameters of one module.
+struct QuantParams {
+  int bits = 0;
+  int group_size = 0;
+};
+
+// config.json "quantization" block: global defaults plus per-module overrides keyed by MLX module path.
+// An override of `false` (kept in float) is recorded with bits == 0.
+struct QuantizationConfig {
+  QuantParams global;
+  std::string mode = "affine";
+  std::map<std::string, QuantParams> overrides;
+};
+
+struct ModelConfig {
+  std::string model_type;  // as written at the top level of config.json
+  Arch arch = Arch::kQwen3_5Moe;
+
+  int hidden_size = 0;
+  int num_hidden_layers = 0;
+  int vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  int max_position_embeddings = 0;
+
+  // Gated full attention.
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;
+  bool attn_output_gate = true;
+  double rope_theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  int rotary_dim = 0;  // head_dim * partial_rotary_factor
+
+  // Gated DeltaNet.
+  int linear_num_key_heads = 0;
+  int linear_num_value_heads = 0;
+  int linear_key_head_dim = 0;
+  int linear_value_head_dim = 0;
+  int linear_conv_kernel_dim = 4;
+
+  // MoE.
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
+  int shared_expert_intermediate_size = 0;
+  bool norm_topk_prob = true;
+
+  int mtp_num_hidden_layers = 0;
+  std::vector<LayerType> layer_types;  // one per decoder layer
+
+  std::optional<QuantizationConfig> quantization;
+
+  // Derived sizes.
+  int key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
+  int value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+  int conv_dim() const { return 2 * key_dim() + value_dim(); }
+  bool is_linear(int layer) const { return layer_types[layer] == LayerType::kLinearAttention; }
+  int num_full_attention_layers() const;
+};
+
+// Parses config.json text. `source` names the file in error messages.
+Expected<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
+Expected<ModelConfig> load_model_config(const std::string& model_dir);
+
+}  // namespace pd
