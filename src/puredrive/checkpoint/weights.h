@@ -23,7 +23,7 @@ const char* weight_format_name(WeightFormat f);
 struct Matrix {
   WeightFormat format = WeightFormat::kF32;
   int64_t rows = 0;
-  int64_t cols = 0;  // logical input width (unpacked)
+  int64_t cols = 0;            // logical input width (unpacked)
   const void* data = nullptr;  // dense: rows*cols elements row-major; affine: rows x (cols*bits/32) uint32
   // MLX affine only: w = scale * q + bias per group of group_size consecutive columns.
   int bits = 0;
@@ -31,7 +31,7 @@ struct Matrix {
   DType scale_dtype = DType::kBF16;  // dtype of scales and biases
   const void* scales = nullptr;      // [rows, cols/group_size]
   const void* biases = nullptr;      // [rows, cols/group_size]
-  std::string name;  // canonical name, for error messages
+  std::string name;                  // canonical name, for error messages
 
   bool empty() const { return data == nullptr; }
   // Bytes read by one full pass over the matrix (codes + scales + biases for affine).
@@ -43,10 +43,10 @@ struct Matrix {
 };
 
 struct AttentionWeights {
-  Matrix q_proj;  // [Hq * D * 2, H], per head [query | gate]
-  Matrix k_proj;  // [Hkv * D, H]
-  Matrix v_proj;  // [Hkv * D, H]
-  Matrix o_proj;  // [H, Hq * D]
+  Matrix q_proj;              // [Hq * D * 2, H], per head [query | gate]
+  Matrix k_proj;              // [Hkv * D, H]
+  Matrix v_proj;              // [Hkv * D, H]
+  Matrix o_proj;              // [H, Hq * D]
   std::vector<float> q_norm;  // [D], 1 + w folded
   std::vector<float> k_norm;  // [D], 1 + w folded
 };
@@ -84,11 +84,11 @@ struct LayerWeights {
 };
 
 struct MtpWeights {
-  Matrix fc;                                  // [H, 2H]: columns [0, H) embedding, [H, 2H) hidden
-  std::vector<float> pre_fc_norm_embedding;   // [H], 1 + w folded
-  std::vector<float> pre_fc_norm_hidden;      // [H], 1 + w folded
-  std::vector<float> norm;                    // [H], 1 + w folded
-  std::vector<LayerWeights> layers;           // mtp_num_hidden_layers full-attention + MoE layers
+  Matrix fc;                                 // [H, 2H]: columns [0, H) embedding, [H, 2H) hidden
+  std::vector<float> pre_fc_norm_embedding;  // [H], 1 + w folded
+  std::vector<float> pre_fc_norm_hidden;     // [H], 1 + w folded
+  std::vector<float> norm;                   // [H], 1 + w folded
+  std::vector<LayerWeights> layers;          // mtp_num_hidden_layers full-attention + MoE layers
 };
 
 struct ModelWeights {

@@ -1,0 +1,81 @@
+// Parameter counts and the memory / bandwidth plan of a model (DESIGN.md §5, §8): what must be resident
+// (weights, bf16 KV cache for --ctx-size, GDN conv + fp32 recurrent state) and how many bytes one decode step
+// moves, which bounds tokens per second by memory bandwidth.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "puredrive/checkpoint/model_config.h"
+#include "puredrive/checkpoint/weights.h"
+#include "puredrive/util/status.h"
+
+namespace pd {
+
+// Every weight of the architecture as the config describes it, under canonical module paths.
+struct ModuleSpec {
+  enum class Role { kEmbedding, kLmHead, kDense, kExpert, kVector };
+  std::string path;  // canonical module path, e.g. "model.layers.3.self_attn.q_proj"
+  int64_t rows = 0;
+  int64_t cols = 0;    // 1 for vectors
+  int64_t copies = 1;  // num_experts for stacked expert projections
+  Role role = Role::kDense;
+  bool mtp = false;
+  int64_t numel() const { return rows * cols * copies; }
+};
+std::vector<ModuleSpec> module_catalogue(const ModelConfig& c);
+
+struct ParamCounts {
+  int64_t embedding = 0;  // embed_tokens
+  int64_t lm_head = 0;    // 0 when tied to the embedding
+  int64_t dense = 0;    // main layers: attention, GDN, routers, shared experts, norms, conv taps; final norm
+  int64_t experts = 0;  // routed experts of the main layers
+  int64_t mtp = 0;      // MTP head (shares embedding and lm_head)
+  // Read per decode token: lm_head (or the tied embedding), dense, one embedding row; plus top-k experts.
+  int64_t active_dense = 0;
+  int64_t active_experts = 0;
+
+  int64_t main() const { return embedding + lm_head + dense + experts; }
+  int64_t total() const { return main() + mtp; }
+  int64_t active() const { return active_dense + active_experts; }
+};
+ParamCounts count_parameters(const ModelConfig& c);
+
+struct MemoryPlan {
+  ParamCounts params;
+  int64_t ctx_size = 0;
+  bool from_weights = false;  // byte figures measured on loaded weights; else estimated from config.json
+  int64_t weight_bytes = 0;   // resident weights incl. the MTP head (vectors as f32)
+  int64_t dense_bytes_per_token = 0;   // non-expert weights read by one decode step
+  int64_t expert_bytes_per_token = 0;  // top-k routed experts of every main layer
+  int64_t kv_bytes_per_token = 0;      // bf16 K and V of the main full-attention layers
+  int64_t mtp_kv_bytes_per_token = 0;  // bf16 K and V of the MTP layers
+  int64_t gdn_conv_bytes = 0;          // per sequence: conv window, bf16 [conv_dim, K-1] per GDN layer
+  int64_t gdn_recurrent_bytes = 0;     // per sequence: fp32 [Hv, dk, dv] per GDN layer
+
+  int64_t kv_bytes() const { return (kv_bytes_per_token + mtp_kv_bytes_per_token) * ctx_size; }
+  int64_t state_bytes() const { return gdn_conv_bytes + gdn_recurrent_bytes; }
+  int64_t total_bytes() const { return weight_bytes + kv_bytes() + state_bytes(); }
+  // Bytes one plain decode step moves with `context` cached tokens: weights read once, the main layers' KV
+  // read, GDN conv and recurrent state read and written back.
+  int64_t bytes_per_decode_token(int64_t context) const;
+};
+
+// `weights` may be null (config-only): matrix bytes are then estimated from torch_dtype or the quantization
+// block (bits + 32 / group_size bits per weight for bf16 scales and biases, per-module overrides honoured).
+MemoryPlan plan_memory(const ModelConfig& c, const ModelWeights* weights, int64_t ctx_size);
+
+// H200 measured device-to-device copy bandwidth (DESIGN.md §8), used for the floor example.
+inline constexpr double kH200CopyBandwidth = 4.28e12;
+
+// MemAvailable from /proc/meminfo, in bytes.
+Expected<int64_t> available_memory_bytes();
+// kOutOfMemory with the plan's breakdown when total_bytes() exceeds `available`.
+Status check_memory_fits(const MemoryPlan& plan, int64_t available, const std::string& where);
+
+// "1.94 GB", "20.0 KiB" style helpers for reports.
+std::string format_bytes(double bytes);
+std::string format_count(double n);  // "34.66B", "512.0M"
+
+}  // namespace pd

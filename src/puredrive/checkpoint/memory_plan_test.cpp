@@ -1,0 +1,163 @@
+#include "puredrive/checkpoint/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "puredrive/checkpoint/inspect_report.h"
+#include "puredrive/checkpoint/loader.h"
+#include "puredrive/checkpoint/tiny_checkpoint_test_util.h"
+
+namespace pd {
+namespace {
+
+const std::string kConfigs = std::string(PD_SOURCE_DIR) + "/tests/fixtures/configs/";
+
+ModelConfig config(const std::string& name) {
+  auto c = load_model_config(kConfigs + name);
+  EXPECT_TRUE(c.has_value()) << c.status().message();
+  return c.has_value() ? *c : ModelConfig{};
+}
+
+double floor_tok_s(const MemoryPlan& p, int64_t ctx) {
+  return kH200CopyBandwidth / static_cast<double>(p.bytes_per_decode_token(ctx));
+}
+
+// Reference counts: transformers 5.17 Qwen3_5MoeForCausalLM / Qwen3NextForCausalLM built on the meta device
+// from these config.json files, summing named_parameters() by kind. MTP = one full-attention decoder layer
+// counted the same way plus fc (2H x H) and three H-norms (transformers has no MTP module).
+TEST(ParamCounts, Qwen35_35B_A3B) {
+  const ParamCounts p = count_parameters(config("qwen3.5-35b-a3b"));
+  EXPECT_EQ(p.main(), 34660610688);
+  EXPECT_EQ(p.embedding, 508559360);
+  EXPECT_EQ(p.lm_head, 508559360);
+  EXPECT_EQ(p.experts, 32212254720);
+  EXPECT_EQ(p.dense, 1431237248);
+  EXPECT_EQ(p.mtp, 844640768);
+  // DESIGN.md §8: 1.94B dense + 1.01B expert parameters read per token.
+  EXPECT_EQ(p.active_experts, 32212254720 / 256 * 8);
+  EXPECT_NEAR(p.active_dense / 1e9, 1.94, 0.005);
+  EXPECT_NEAR(p.active_experts / 1e9, 1.01, 0.005);
+  EXPECT_NEAR(p.total() / 1e9, 35.5, 0.1);  // "35B" on the model card
+  EXPECT_NEAR(p.active() / 1e9, 2.95, 0.01);
+}
+
+TEST(ParamCounts, Qwen3Next_80B_A3B) {
+  ModelConfig c = config("qwen3-next-80b-a3b");
+  EXPECT_FALSE(c.mtp_layers_explicit);
+  const ParamCounts p = count_parameters(c);
+  EXPECT_EQ(p.main(), 79674391296);
+  EXPECT_EQ(p.embedding, 311164928);
+  EXPECT_EQ(p.experts, 77309411328);
+  EXPECT_EQ(p.dense, 1742650112);
+  EXPECT_EQ(p.mtp, 0);  // unknown from the config; decided by the checkpoint's mtp.* tensors
+  c.mtp_num_hidden_layers = 1;
+  EXPECT_EQ(count_parameters(c).mtp, 1650471424);
+  EXPECT_EQ(p.active_experts, 77309411328 / 512 * 10);
+  EXPECT_NEAR(p.main() / 1e9, 80.0, 0.5);
+  EXPECT_NEAR(p.active() / 1e9, 3.56, 0.01);  // "A3B": 2.05B dense + 1.51B experts
+}
+
+TEST(MemoryPlan, Qwen35CachesAndStateMatchSpec) {
+  const MemoryPlan plan = plan_memory(config("qwen3.5-35b-a3b"), nullptr, 131072);
+  EXPECT_FALSE(plan.from_weights);
+  EXPECT_EQ(plan.kv_bytes_per_token, 20 * 1024);  // 10 attention layers x 2 KiB (spec §4.4)
+  EXPECT_EQ(plan.mtp_kv_bytes_per_token, 2 * 1024);
+  EXPECT_EQ(plan.gdn_recurrent_bytes, 30 * 2 * 1024 * 1024);  // 2 MiB fp32 per GDN layer (spec §5.9)
+  EXPECT_EQ(plan.gdn_conv_bytes, 30 * 48 * 1024);             // 48 KiB bf16 per GDN layer
+  EXPECT_EQ(plan.kv_bytes(), 22 * 1024 * int64_t{131072});
+}
+
+TEST(MemoryPlan, Qwen35DecodeFloorMatchesDesign) {
+  // DESIGN.md §8: at 4.28 TB/s the floor is 706 tok/s in bf16 at 2K context and 491 at 128K; ~1300 and 720 at
+  // 8.5 bits per weight (MLX 8-bit, group 64: 8 + 32/64 bits).
+  ModelConfig c = config("qwen3.5-35b-a3b");
+  const MemoryPlan bf16 = plan_memory(c, nullptr, 2048);
+  EXPECT_EQ(std::lround(floor_tok_s(bf16, 2048)), 706);
+  EXPECT_EQ(std::lround(floor_tok_s(bf16, 131072)), 491);
+  EXPECT_NEAR((bf16.dense_bytes_per_token + bf16.expert_bytes_per_token) / 2e9, 2.95, 0.01);
+  c.quantization = QuantizationConfig{QuantParams{8, 64}, "affine", {}};
+  const MemoryPlan q8 = plan_memory(c, nullptr, 2048);
+  EXPECT_NEAR(floor_tok_s(q8, 2048), 1300, 13);
+  EXPECT_EQ(std::lround(floor_tok_s(q8, 131072)), 720);
+  EXPECT_LT(q8.weight_bytes, bf16.weight_bytes * 0.54);
+}
+
+TEST(MemoryPlan, Qwen3NextCaches) {
+  const MemoryPlan plan = plan_memory(config("qwen3-next-80b-a3b"), nullptr, 4096);
+  EXPECT_EQ(plan.kv_bytes_per_token, 24 * 1024);
+  EXPECT_EQ(plan.gdn_recurrent_bytes, 72 * 1024 * 1024);
+  EXPECT_NEAR(plan.weight_bytes / 1e9, 2 * 79.67, 0.1);
+}
+
+TEST(MemoryPlan, RefusesPlanBeyondAvailableMemory) {
+  const MemoryPlan plan = plan_memory(config("qwen3.5-35b-a3b"), nullptr, 262144);
+  const Status s = check_memory_fits(plan, int64_t{16} << 30, "qwen3.5");
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), ErrorCode::kOutOfMemory);
+  EXPECT_NE(s.message().find("--ctx-size 262144"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("16.00 GiB is available"), std::string::npos) << s.message();
+  EXPECT_TRUE(check_memory_fits(plan, plan.total_bytes(), "x").is_ok());
+  auto avail = available_memory_bytes();
+  ASSERT_TRUE(avail.has_value()) << avail.status().message();
+  EXPECT_GT(*avail, 0);
+}
+
+TEST(MemoryPlan, MeasuredOnLoadedWeightsAgreesWithConfigEstimate) {
+  testing_util::TempDir dir;
+  testing_util::TinySpec spec;
+  spec.dtype = DType::kBF16;
+  testing_util::TinyCheckpoint ck(spec, dir.path());
+  ck.write();
+  auto cp = load_checkpoint(dir.path());
+  ASSERT_TRUE(cp.has_value()) << cp.status().message();
+  const MemoryPlan est = plan_memory(cp->config, nullptr, 100);
+  const MemoryPlan got = plan_memory(cp->config, &cp->weights, 100);
+  EXPECT_TRUE(got.from_weights);
+  EXPECT_EQ(got.weight_bytes, est.weight_bytes);
+  EXPECT_EQ(got.dense_bytes_per_token, est.dense_bytes_per_token);
+  EXPECT_EQ(got.expert_bytes_per_token, est.expert_bytes_per_token);
+  EXPECT_EQ(got.bytes_per_decode_token(100), est.bytes_per_decode_token(100));
+}
+
+TEST(MemoryPlan, MeasuredOnQuantizedWeightsAgreesWithConfigEstimate) {
+  testing_util::TempDir dir;
+  testing_util::TinySpec spec;
+  spec.dtype = DType::kBF16;
+  spec.quant_bits = 4;
+  spec.bits_by_suffix = {{"mlp.gate", 8}, {"switch_mlp.down_proj", 6}, {"lm_head", 3}};
+  spec.experts = testing_util::Experts::kSwitchMlp;
+  spec.mtp_experts = testing_util::Experts::kSwitchMlp;
+  spec.mlx_layout = true;
+  testing_util::TinyCheckpoint ck(spec, dir.path());
+  ck.write();
+  auto cp = load_checkpoint(dir.path());
+  ASSERT_TRUE(cp.has_value()) << cp.status().message();
+  const MemoryPlan est = plan_memory(cp->config, nullptr, 10);
+  const MemoryPlan got = plan_memory(cp->config, &cp->weights, 10);
+  EXPECT_EQ(got.weight_bytes, est.weight_bytes);
+  EXPECT_EQ(got.dense_bytes_per_token, est.dense_bytes_per_token);
+  EXPECT_EQ(got.expert_bytes_per_token, est.expert_bytes_per_token);
+  // One 4-bit g32 expert projection [32, 64]: 32 * 64 * (4 + 32/32) / 8 bytes.
+  EXPECT_EQ(cp->weights.layers[0].moe.gate_proj[0].nbytes(), 32 * 64 * 5 / 8);
+}
+
+TEST(Inspect, ConfigOnlyReport) {
+  const ModelConfig c = config("qwen3.5-35b-a3b");
+  const InspectInput in{
+      .dir = kConfigs + "qwen3.5-35b-a3b", .config = &c, .checkpoint = nullptr, .ctx_size = 2048};
+  const auto j = inspect_json(in);
+  EXPECT_EQ(j["weights"], "config-only");
+  EXPECT_EQ(j["layers"]["full_attention"], 10);
+  EXPECT_EQ(j["layers"]["linear_attention"], 30);
+  EXPECT_EQ(j["layers"]["mtp"], 1);
+  EXPECT_EQ(j["params"]["main"].get<int64_t>(), 34660610688);
+  EXPECT_EQ(std::lround(j["decode"]["at_ctx_size"]["floor_tokens_per_s"].get<double>()), 706);
+  EXPECT_EQ(j["layer_plan"].get<std::string>().substr(0, 22), "GDN GDN GDN ATTN GDN G");
+  const std::string text = inspect_text(in);
+  EXPECT_NE(text.find("active per token 2.95B = 1.94B dense + 1.01B experts"), std::string::npos) << text;
+  EXPECT_NE(text.find("706 tok/s"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace pd
