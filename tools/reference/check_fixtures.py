@@ -6,6 +6,7 @@ Needs only numpy + safetensors. Usage: check_fixtures.py [FIXTURES_DIR]
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -41,6 +42,11 @@ def check(fdir: str) -> list[str]:
         "no checkpoint",
     )
     expect(os.path.exists(os.path.join(fdir, "generation_config.json")), "no generation_config.json")
+    # Fixtures of a committed model (symlinked checkpoint) record its hashes: a retrained model needs a new fixture.
+    for fname, want in meta.get("checkpoint_sha256", {}).items():
+        with open(os.path.join(fdir, fname), "rb") as f:
+            got = hashlib.sha256(f.read()).hexdigest()
+        expect(got == want, f"{fname} changed since the reference was made (regenerate: make fixtures)")
 
     ref = load_file(os.path.join(fdir, "reference.safetensors"))
     H, V, L = tc["hidden_size"], tc["vocab_size"], tc["num_hidden_layers"]
@@ -49,17 +55,25 @@ def check(fdir: str) -> list[str]:
     for p in meta["prompts"]:
         ids = ref[f"{p}.input_ids"]
         T = ids.shape[0]
+        N = T  # stored rows of the row-indexed tensors
+        if f"{p}.rows" in ref:
+            rows = ref[f"{p}.rows"]
+            expected_keys.add(f"{p}.rows")
+            expect(rows.dtype == np.int32 and rows.ndim == 1, f"{p}.rows must be I32 [n]")
+            expect(bool((np.diff(rows) > 0).all()), f"{p}.rows not strictly increasing")
+            expect(rows.size > 0 and rows[0] >= 0 and rows[-1] == T - 1, f"{p}.rows must lie in [0, T) and end at T-1")
+            N = rows.shape[0]
         shapes = {
             f"{p}.input_ids": ((T,), np.int32),
-            f"{p}.final_hidden": ((T, H), np.float32),
-            f"{p}.logits": ((T, V), np.float32),
+            f"{p}.final_hidden": ((N, H), np.float32),
+            f"{p}.logits": ((N, V), np.float32),
             f"{p}.greedy": ((G,), np.int32),
-            f"{p}.mtp.logits": ((T, V), np.float32),
-            f"{p}.mtp.hidden": ((T, H), np.float32),
+            f"{p}.mtp.logits": ((N, V), np.float32),
+            f"{p}.mtp.hidden": ((N, H), np.float32),
             f"{p}.mtp.chain_tokens": ((K,), np.int32),
             f"{p}.mtp.chain_logits": ((K, V), np.float32),
         }
-        shapes.update({f"{p}.hidden.{layer}": ((T, H), np.float32) for layer in range(L)})
+        shapes.update({f"{p}.hidden.{layer}": ((N, H), np.float32) for layer in range(L)})
         for key, (shape, dtype) in shapes.items():
             expected_keys.add(key)
             if key not in ref:

@@ -7,6 +7,7 @@
 
 #include "puredrive/checkpoint/loader.h"
 #include "puredrive/checkpoint/safetensors.h"
+#include "puredrive/util/mapped_file.h"
 
 namespace pd {
 namespace {
@@ -21,9 +22,20 @@ double mean(const std::vector<float>& v) {
 
 // The generator draws zero-centred norm weights w around 0 and the plain GDN norm weight around 1, so every
 // norm the engine uses must average about 1: a missing or doubled +1 lands near 0 or 2.
+// Random fixtures draw zero-centred norm weights around 0, so a missing (+0) or doubled (+2) "+1" shows in
+// the mean. Trained checkpoints (tiny-coder) have learned norms far from 1 and skip this check.
+bool g_check_norm_means = true;
+
 void expect_norm_near_one(const std::vector<float>& v, const std::string& what) {
   EXPECT_FALSE(v.empty()) << what;
-  EXPECT_NEAR(mean(v), 1.0, 0.4) << what;
+  if (g_check_norm_means) {
+    EXPECT_NEAR(mean(v), 1.0, 0.4) << what;
+  }
+}
+
+bool is_trained_checkpoint(const fs::path& dir) {
+  auto text = read_text_file((dir / "reference.json").string());
+  return text.has_value() && text->find("\"checkpoint_sha256\"") != std::string::npos;
 }
 
 void check_layer_norms(const LayerWeights& l, const std::string& what) {
@@ -55,6 +67,7 @@ TEST(Fixtures, EveryCheckpointLoadsCompletely) {
   if (dirs.empty()) GTEST_SKIP() << "no checkpoint fixtures under tests/fixtures yet";
   for (const auto& dir : dirs) {
     SCOPED_TRACE(dir);
+    g_check_norm_means = !is_trained_checkpoint(dir);
     auto cp = load_checkpoint(dir);
     ASSERT_TRUE(cp.has_value()) << cp.status().message();
     const ModelConfig& c = cp->config;

@@ -123,6 +123,43 @@ def write_json(path, data):
     print(f"wrote {path.relative_to(ROOT)} ({len(text)} bytes)")
 
 
+CLI_MODEL_DIR = "../shared/data/tokenizers/qwen3"  # relative to the repository root
+CLI_CASES = ["multi_turn", "thinking_disabled", "tool_call_parallel", "unicode_heavy", "reasoning_content_history"]
+
+
+def write_cli_cases(conversations):
+    """End-to-end cases for `puredrive template`: the real tokenizer's apply_chat_template on a model dir."""
+    from transformers import AutoTokenizer
+
+    model_dir = ROOT / CLI_MODEL_DIR
+    if not (model_dir / "tokenizer_config.json").exists():
+        print(f"skipping CLI cases: {model_dir} not found")
+        return
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    cli_dir = OUT / "cli"
+    manifest = []
+    by_name = {c["name"]: c for c in conversations}
+    for name in CLI_CASES:
+        conv = by_name[name]
+        prompt = tokenizer.apply_chat_template(
+            conv["messages"], tools=conv["tools"], add_generation_prompt=conv["add_generation_prompt"],
+            tokenize=False, **conv["kwargs"])
+        write_json(cli_dir / f"{name}.messages.json", conv["messages"])
+        if conv["tools"] is not None:
+            write_json(cli_dir / f"{name}.tools.json", conv["tools"])
+        (cli_dir / f"{name}.expected.txt").write_bytes(prompt.encode("utf-8"))
+        manifest.append({
+            "name": name,
+            "model_dir": CLI_MODEL_DIR,
+            "messages": f"tests/templates/cli/{name}.messages.json",
+            "tools": f"tests/templates/cli/{name}.tools.json" if conv["tools"] is not None else "",
+            "add_generation_prompt": conv["add_generation_prompt"],
+            "kwargs": json.dumps(conv["kwargs"]),
+            "expected": f"tests/templates/cli/{name}.expected.txt",
+        })
+    write_json(cli_dir / "cases.json", {"cases": manifest})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--templates", default="/work/shared/data/templates", type=pathlib.Path)
@@ -145,6 +182,8 @@ def main():
         }))
     assert len({c["name"] for c in conversations}) == len(conversations)
     write_json(OUT / "conversations.json", {"generator": generator, "conversations": conversations})
+
+    write_cli_cases(conversations)
 
     templates = sorted(args.templates.glob("*.jinja"))
     if not templates:

@@ -5,6 +5,13 @@ outputs (or the exception raised) to tests/templates/snippets.json; the C++ inte
 Each entry: (name, template source, context dict).
 """
 
+import random
+
+_rng = random.Random(1234)
+# Doubles of every magnitude, to check Python's float repr (shortest round trip, exponent thresholds).
+FLOATS = [_rng.uniform(-1, 1) * 10 ** _rng.randint(-30, 30) for _ in range(150)] + [
+    1e16, 1e15, 9999999999999998.0, 1e-4, 9.999e-5, 0.1, 1 / 3, 2 / 3, 5e-324, 1.7976931348623157e308, 123456789.0,
+    1e22, 1e21, 0.5, 100.0, 1.5e-10]
 D = {"a": 1, "b": [1, 2, 3], "s": "Hello World", "n": None, "d": {"x": 1, "y": {"z": "deep"}, "items": "key"}}
 PEOPLE = [
     {"name": "bob", "age": 30, "tags": ["a", "b"]},
@@ -39,6 +46,8 @@ SNIPPETS = [
     ("print_none_bool", "{{ none }} {{ None }} {{ true }} {{ False }}", {}),
     ("print_numbers", "{{ 1 }} {{ -5 }} {{ 1.0 }} {{ 1.5e3 }} {{ 0.1 }} {{ 1e16 }} {{ 1e-5 }} {{ 123456789.123 }} {{ 1_000 }} {{ 0x1F }} {{ 0o17 }} {{ 0b101 }}", {}),
     ("print_float_repr", "{{ 0.1 + 0.2 }} {{ 1/3 }} {{ 2.0 ** 70 }} {{ 1e22 }} {{ 5e-324 }} {{ 100.0 }} {{ -0.0 }}", {}),
+    ("print_float_repr_many", "{% for f in floats %}{{ f }} {{ f | tojson }} {{ -f }} {{ f | round(3) }}\n{% endfor %}",
+     {"floats": FLOATS}),
     ("print_list_repr", "{{ [1, 'a', none, true, 1.5, [2], {'k': 'v'}] }}", {}),
     ("print_tuple_repr", "{{ (1,) }} {{ (1, 2) }} {{ () }}", {}),
     ("print_dict_repr", "{{ {'a': 1, 'b': 'x', 1: 2} }}", {}),
@@ -90,6 +99,9 @@ SNIPPETS = [
     ("namespace_basic", "{% set ns = namespace(a=1, b='x') %}{% set ns.a = ns.a + 1 %}{{ ns.a }}{{ ns.b }}{{ ns.c }}|{{ ns }}", {}),
     ("namespace_in_loop", "{% set ns = namespace(found=false, count=0) %}{% for i in [1, 2, 3] %}{% if i == 2 %}{% set ns.found = true %}{% endif %}{% set ns.count = ns.count + i %}{% endfor %}{{ ns.found }} {{ ns.count }}", {}),
     ("namespace_from_dict", "{% set ns = namespace({'a': 1}, b=2) %}{{ ns.a }}{{ ns.b }}{{ ns['a'] }}", {}),
+    ("namespace_self_reference", "{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns.me.me.a }} {{ ns }}", {}),
+    ("namespace_holds_containers", "{% set ns = namespace(l=[]) %}{% for i in range(3) %}{% set ns.l = ns.l + [i] %}{% endfor %}{{ ns.l }}", {}),
+    ("macro_defined_in_loop", "{% for i in [1, 2] %}{% macro m() %}<{{ i }}>{% endmacro %}{{ m() }}{% endfor %}", {}),
     ("with_block", "{% with a = 5, b = 6 %}{{ a + b }}{% endwith %}[{{ a }}]", {}),
     # ---- if ----
     ("if_elif_else", "{% for x in [1, 2, 3] %}{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %} {% endfor %}", {}),

@@ -16,7 +16,8 @@
 Usage (from the repository root):
   /work/venvs/ref/bin/python tools/reference/tokenizer/make_reference.py \
       [--tokenizer-dir ../shared/data/tokenizers/qwen3] [--out tests/tokenizer]
-Versions: tokenizers and transformers as pinned in tools/reference/tokenizer/requirements.txt.
+Versions: tokenizers and transformers as pinned in tools/reference/requirements.txt (the venv that
+tools/reference/setup.sh creates, e.g. /work/venvs/ref).
 """
 import argparse
 import copy
@@ -194,6 +195,16 @@ def feature_tokenizers():
     j["post_processor"] = {"type": "RobertaProcessing", "sep": ["</s>", 1], "cls": ["<s>", 0],
                            "trim_offsets": True, "add_prefix_space": False}
     feats["pair_merges_roberta"] = j
+
+    j = copy.deepcopy(base)  # Llama-3 style: ByteLevel offsets, then a template adding <s>
+    j["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing",
+         "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                  {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+         "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}}]}
+    feats["sequence_post_processor"] = j
 
     for behavior in ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
         for invert in [False, True]:
