@@ -424,6 +424,11 @@ def random_unicode_strings(rng):
              0x10D40, 0x1D2C0, 0x0897, 0x11B00]
     for _ in range(40):
         out.append("".join(rng.choice([chr(rng.choice(newer)), "a", " ", "1", "é"]) for _ in range(rng.randint(1, 12))))
+    # Where the newer categories change the pre-tokenizer split: runs of Unicode 15/16 digits (each one
+    # its own \p{N} piece) and letters next to spaces, digits and punctuation.
+    out += ["\U0001E4F0\U0001E4F1\U0001E4F2", "x\U0001E4F3\U0001E4F4\U0001E4F5y 12", "\U00010D40\U00010D41\U00010D49",
+            "\U0001D2C0\U0001D2C1\U0001D2C2", " \U000105C0\U000105C1. \U0001E4D0x", "\U00031350\U00031351abc",
+            "(\U0001E5D0\U0001E5D1) 'll \U0001E4D0'S", "1\U0001E4F0\U0001E4F1\U0001E4F22"]
     out += ["\x00", "a\x00b", "\x01\x02\x03\x7f", "".join(chr(c) for c in range(0x20)), "\ufffd", "\uffff\ufffe",
             "\U0010ffff", "\U000e0001\U000e0041", "".join(chr(c) for c in range(0x80, 0x100))]
     return out

@@ -66,7 +66,7 @@ def decode_reference(tok, out_dir, all_ids):
     n = max(vocab.values()) + 1
     added = sorted(t for t, i in vocab.items() if i >= 151643)
     # Tokens that are a single byte >= 0x80 in byte-level form: fragments of multi-byte characters.
-    fragments = [i for t, i in vocab.items() if len(t) == 1 and ord(t) >= 0xA1 and i < 151643]
+    fragments = sorted(i for t, i in vocab.items() if len(t) == 1 and ord(t) >= 0xA1 and i < 151643)
     seqs = []
     for _ in range(150):  # random ids, including a few beyond the vocabulary
         seqs.append([rng.randrange(n + 50) for _ in range(rng.randint(1, 20))])
@@ -181,6 +181,55 @@ def tiny_merge_order():
                       "ignore_merges": False, "vocab": vocab, "merges": merges}}
 
 
+def subword_prefix_suffix(n_merges=300):
+    """A BPE with continuing_subword_prefix "##" and end_of_word_suffix "</w>". Trained here with a
+    deterministic tie-break (HF's trainer breaks ties differently from run to run)."""
+    from collections import Counter
+
+    def symbols(word):
+        syms = [c if i == 0 else "##" + c for i, c in enumerate(word)]
+        syms[-1] += "</w>"
+        return tuple(syms)
+
+    words = Counter(symbols(w) for text in TRAIN_TEXT for w in text.split())
+    vocab = {}
+    for w in sorted(words):
+        for sym in w:
+            vocab.setdefault(sym, len(vocab))
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()
+        for w, n in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] += n
+        if not pairs:
+            break
+        a, b = min(pairs, key=lambda p: (-pairs[p], p))
+        merged = a + b[2:]  # HF drops the right part's "##"
+        merges.append([a, b])
+        vocab.setdefault(merged, len(vocab))
+        new_words = Counter()
+        for w, n in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
+                    out.append(merged)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            new_words[tuple(out)] += n
+        words = new_words
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"\s+"}, "behavior": "Removed",
+                              "invert": False},
+            "post_processor": None,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "##",
+                      "end_of_word_suffix": "</w>", "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": False, "vocab": vocab, "merges": merges}}
+
+
 def feature_tokenizers():
     base = train_base()
     n = max(base["model"]["vocab"].values()) + 1
@@ -275,13 +324,7 @@ def feature_tokenizers():
         j["model"]["vocab"][f"<0x{b:02X}>"] = n + 20 + b
     feats["byte_fallback"] = j
 
-    sub = Tokenizer(models.BPE(continuing_subword_prefix="##", end_of_word_suffix="</w>"))
-    sub.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex(r"\s+"), "removed")
-    sub.decoder = decoders.ByteLevel()
-    sub.train_from_iterator(TRAIN_TEXT * 3, trainer=trainers.BpeTrainer(
-        vocab_size=500, show_progress=False, continuing_subword_prefix="##", end_of_word_suffix="</w>"))
-    feats["subword_prefix_suffix"] = json.loads(sub.to_str())
-
+    feats["subword_prefix_suffix"] = subword_prefix_suffix()
     feats["tiny_merge_order_pairs"] = tiny_merge_order()
     feats["tiny_merge_order_legacy"] = legacy_merges(tiny_merge_order())
     return feats
