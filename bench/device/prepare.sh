@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries HERE (nvcc 13.0, sm_90, Release, CUDA runtime linked statically) and stages them,
+# with the non-system shared libraries they load, in build/device-bundle/ (ignored by git), because the GPU
+# machine has none of our -dev packages and no network. Then, on the GPU machine (device tool):
+#   run(command="bash bench/device/run.sh", carry=["build/device-bundle"], timeout_s=420)
+# Environment: PD_DEVICE_BUILD (build directory, default build/h9), JOBS (parallel jobs, default 2).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${PD_DEVICE_BUILD:-$root/build/h9}
+bundle=$root/build/device-bundle
+targets=(puredrive_device cuda_ops_tests cuda_model_tests)
+
+# PD_WERROR=OFF: GCC 12 at -O3 raises a false -Wrestrict in code outside the CUDA path (chat/jinja); the CUDA
+# library keeps nvcc's -Werror=all-warnings.
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DPD_WERROR=OFF >/dev/null
+cmake --build "$build" --target "${targets[@]}" -j"${JOBS:-2}"
+
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib"
+cp "$build/bin/puredrive_device" "$bundle/bin/"
+cp "$build/tests/cuda/cuda_ops_tests" "$build/tests/cuda/cuda_model_tests" "$bundle/bin/"
+strip --strip-unneeded "$bundle"/bin/*
+
+# Shared libraries outside the C/C++ runtime (the GPU machine's glibc and libstdc++ are newer than ours).
+is_system() {
+  case "$(basename "$1")" in
+    libc.so.*|libm.so.*|libstdc++.so.*|libgcc_s.so.*|ld-linux*|libpthread.so.*|libdl.so.*|librt.so.*) return 0 ;;
+    libcuda.so.*|libnvidia*) return 0 ;;
+  esac
+  return 1
+}
+for b in "$bundle"/bin/*; do
+  ldd "$b" | awk '/=> \// {print $3}' | while read -r lib; do
+    is_system "$lib" || cp -Lu "$lib" "$bundle/lib/$(basename "$lib")"
+  done
+done
+strip --strip-unneeded "$bundle"/lib/* 2>/dev/null || true
+
+# The test binaries find tests/fixtures under the source path compiled into them; run.sh links it there.
+echo "$root" >"$bundle/source_dir"
+{
+  echo "commit $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+  if [ -n "$(git -C "$root" status --porcelain 2>/dev/null)" ]; then
+    echo "tree dirty: built from uncommitted changes ($(git -C "$root" status --porcelain | wc -l) paths)"
+  else
+    echo "tree clean"
+  fi
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), $(nvcc --version | tail -1)"
+} >"$bundle/build_info.txt"
+ls -la "$bundle/bin" "$bundle/lib"
+du -sh "$bundle"

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# One command for the GPU machine (H200): the CUDA test suite, compute-sanitizer (memcheck on a subset,
+# racecheck on a smaller one), the decode benchmark; logs, test results and benchmark JSON go to $OUT and a
+# summary table is printed last. Uses the binaries staged by bench/device/prepare.sh (built on the dev
+# machine; the GPU machine has no -dev packages), carried as build/device-bundle:
+#   run(command="bash bench/device/run.sh", carry=["build/device-bundle"], timeout_s=420)
+# Environment: PD_BUDGET_S (seconds for the whole script, default 400), PD_QUANTS (default "bf16 q8 q6"; the
+# first gets PD_CONTEXTS, default 2k,32k, and PD_FIRST_BENCH_S seconds; the others PD_OTHER_CONTEXTS and
+# PD_OTHER_BENCH_S), PD_TOKENS (decode tokens per cell, default 128), PD_RACECHECK_S, PD_SKIP_SANITIZER=1.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+bundle=$root/build/device-bundle
+out=${OUT:-/tmp/pd-device-out}
+mkdir -p "$out"
+log=$out/run.log
+summary=$out/summary.txt
+: >"$log"
+: >"$summary"
+start=$(date +%s)
+budget=${PD_BUDGET_S:-400}
+export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
+export PATH=$PATH:/usr/local/cuda/bin
+
+note() { echo "$*" | tee -a "$log"; }
+row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$summary" >>"$log"; }
+left() { echo $((budget - ($(date +%s) - start))); }
+
+if [ ! -x "$bundle/bin/puredrive_device" ]; then
+  echo "no bundle at $bundle: run bench/device/prepare.sh on the dev machine and carry build/device-bundle"
+  exit 2
+fi
+# The test binaries read tests/fixtures under the source path they were built from.
+src=$(cat "$bundle/source_dir")
+if [ "$src" != "$root" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
+
+note "== machine"
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  cat "$bundle/build_info.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,power.limit --format=csv
+  uname -r
+} >>"$log" 2>&1
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+row "gpu, driver" "$gpu"
+row "build" "$(head -2 "$bundle/build_info.txt" | tr '\n' ' ')"
+
+# run_phase NAME SECONDS CMD...: runs with a time limit, records pass/fail and the gtest tally.
+run_phase() {
+  local name=$1 secs=$2
+  shift 2
+  local l
+  l=$(left)
+  if [ "$l" -lt 20 ]; then
+    row "$name" "SKIPPED (time budget)"
+    return
+  fi
+  [ "$secs" -gt "$l" ] && secs=$l
+  note "== $name (limit ${secs}s): $*"
+  local t0=$(date +%s) rc
+  timeout --signal=KILL "$secs" "$@" >"$out/phase.tmp" 2>&1
+  rc=$?
+  cat "$out/phase.tmp" >>"$log"
+  local tally
+  tally=$(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+ test' "$out/phase.tmp" |
+    sed -E 's/\[ +//;s/ +\]//;s/, listed below://' | tr '\n' ' ')
+  local sani
+  sani=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/phase.tmp" | tail -1)
+  local status="ok"
+  [ $rc -ne 0 ] && status="FAIL rc=$rc"
+  [ $rc -eq 137 ] && status="TIMEOUT after ${secs}s"
+  row "$name" "$status $(($(date +%s) - t0))s ${tally}${sani}"
+  grep -E '^\[  FAILED  \]' "$out/phase.tmp" | head -20 >>"$summary"
+  [ $rc -ne 0 ] && tail -3 "$out/phase.tmp" | sed 's/^/    | /' >>"$summary"
+  rm -f "$out/phase.tmp"
+}
+
+bin=$bundle/bin
+run_phase "cuda_ops_tests" 150 "$bin/cuda_ops_tests"
+run_phase "cuda_model_tests" 150 "$bin/cuda_model_tests"
+
+# Synthetic weights generated on the device equal the host-materialised ones: same greedy tokens on CUDA and CPU.
+for q in bf16 q6; do
+  a=$(timeout 60 "$bin/puredrive_device" synth --arch tiny --quant "$q" --backend cuda -n 16 --json 2>>"$log")
+  b=$(timeout 60 "$bin/puredrive_device" synth --arch tiny --quant "$q" --backend cpu -n 16 --json 2>>"$log")
+  echo "synth tiny $q cuda: $a" >>"$log"
+  echo "synth tiny $q cpu:  $b" >>"$log"
+  ta=$(echo "$a" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])' 2>/dev/null)
+  tb=$(echo "$b" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])' 2>/dev/null)
+  if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then row "synth tiny $q: cuda tokens == cpu tokens" "ok $ta"; else
+    row "synth tiny $q: cuda tokens == cpu tokens" "FAIL cuda=$ta cpu=$tb"; fi
+done
+
+commit=$(awk '/^commit/ {print $2}' "$bundle/build_info.txt")
+dirty=$(sed -n 2p "$bundle/build_info.txt")
+contexts=${PD_CONTEXTS:-2k,32k}
+tokens=${PD_TOKENS:-128}
+bench() {
+  local q=$1 secs=$2 ctx=$3
+  run_phase "bench $q $ctx" "$secs" "$bin/puredrive_device" bench --synth qwen3.5-35b-a3b --quant "$q" \
+    --contexts "$ctx" --tokens "$tokens" --profile-steps 3 --json "$out/bench_$q.json" --commit "$commit" --note "$dirty"
+  [ -f "$out/bench_$q.json" ] && python3 - "$out/bench_$q.json" >>"$summary" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+if not j.get("complete"):
+    print(f"  {j['model']['quant']}: INCOMPLETE, {len(j['cells'])} cell(s) finished")
+bw = j["copy_bandwidth_bytes_per_second"] / 1e9
+for c in j["cells"]:
+    g = c.get("cuda_graphs") or {}
+    print(f"  {j['model']['quant']:>4} ctx {c['context']:>6}: decode {c['decode_tokens_per_second']:7.1f} tok/s, "
+          f"floor {c['floor_tokens_per_second']:7.1f} ({100*c['fraction_of_floor']:4.1f}%), "
+          f"step {c['step_ms_median']:.3f} ms, verify R={c['verify']['rows']}/R=1 {c['verify']['ratio']:.2f}, "
+          f"prefill {c['prefill_tokens_per_second']:.0f} tok/s, nodes/step {g.get('nodes_in_decode_graph','-')}, "
+          f"host {g.get('host_record_ms_per_step', 0):.3f} ms + gpu {g.get('graph_gpu_ms_per_step', 0):.3f} ms/step, "
+          f"copy bw {bw:.0f} GB/s")
+    for t in (c.get("op_profile") or [])[:8]:
+        print(f"      {t['op']:<36} {t['ms_per_step']:8.3f} ms/step {100*t['share']:5.1f}%  ({t['calls_per_step']:.0f} calls)")
+PY
+}
+quants=${PD_QUANTS:-bf16 q8 q6}
+first_q=${quants%% *}
+bench "$first_q" "${PD_FIRST_BENCH_S:-120}" "$contexts"
+
+if [ "${PD_SKIP_SANITIZER:-0}" != 1 ]; then
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  export PD_CUDA_TEST_QUICK=1
+  run_phase "memcheck cuda_ops_tests (quick)" 110 "$cs" --tool memcheck --error-exitcode 9 "$bin/cuda_ops_tests"
+  run_phase "racecheck ops subset (quick)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
+    "$bin/cuda_ops_tests" \
+    --gtest_filter='CudaOps.EmbedRmsNormAddArgmax:CudaOps.StepCaptureMatchesEager:CudaOps.GatedDeltaNetMatchesCpuAndIsRowExact:CudaOps.AttentionMatchesCpuAndIsRowExact'
+  run_phase "memcheck model subset (quick)" 60 "$cs" --tool memcheck --error-exitcode 9 "$bin/cuda_model_tests" \
+    --gtest_filter='*MatchesCpu/qwen3next_f32:*MtpRows*/qwen35_mlx_q:*Repeated*/qwen35_bf16'
+  unset PD_CUDA_TEST_QUICK
+fi
+for q in ${quants#"$first_q"}; do bench "$q" "${PD_OTHER_BENCH_S:-100}" "${PD_OTHER_CONTEXTS:-$contexts}"; done
+
+echo
+echo "== summary ($(($(date +%s) - start)) s; full log: run.log)"
+cat "$summary"

@@ -1,0 +1,417 @@
+// puredrive bench: the benchmark protocol of DESIGN.md §7 for a synthetic model (random weights, real
+// shapes): per context, fill the KV cache and GDN states by a real prefill, then decode greedily
+// (non-speculative) and report tok/s beside the floor (bytes per decode step / device-to-device copy
+// bandwidth measured in the same run), and the time of an R-row verify step relative to a one-row step. JSON
+// + a table.
+//
+// Deviations from §7, recorded in the JSON: the prefill uses seeded random token ids (random weights have no
+// tokenizer), and one run per cell by default (--runs).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/synth_model.h"
+#include "puredrive/backend/backend.h"
+#include "puredrive/model/model.h"
+#ifdef PD_HAVE_CUDA
+#include "puredrive/backend/cuda/cuda_backend.h"
+#endif
+
+namespace pd::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchArgs {
+  std::string synth;
+  std::string model;
+  std::string quant = "bf16";
+  uint64_t seed = 0;
+  std::string contexts = "2k,32k";
+  int tokens = 128;
+  int runs = 1;
+  int verify_rows = 3;
+  int verify_iters = 16;
+  int prefill_chunk = 8;
+  int profile_steps = 0;  // eager one-row steps timed op by op after the timed phases (CUDA)
+  int copy_mib = 0;       // 0: 1024 on CUDA, 64 on the CPU
+  std::string backend = "cuda";
+  int threads = 0;
+  std::string json_out;
+  std::string commit;
+  std::string note;
+};
+
+[[noreturn]] void fail(const Status& s) {
+  fmt::print(stderr, "puredrive bench: {}\n", s.message());
+  throw CLI::RuntimeError(1);
+}
+
+template <typename T>
+T check(Expected<T> e) {
+  if (!e) fail(e.status());
+  return std::move(e).value();
+}
+void check(const Status& s) {
+  if (!s) fail(s);
+}
+
+Expected<std::vector<int>> parse_contexts(const std::string& text) {
+  std::vector<int> out;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string item = text.substr(i, j - i);
+    int64_t mult = 1;
+    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) {
+      mult = 1024;
+      item.pop_back();
+    }
+    try {
+      size_t used = 0;
+      const long v = std::stol(item, &used);
+      if (used != item.size() || v <= 0 || v * mult > (1 << 24)) throw std::out_of_range("context");
+      out.push_back(static_cast<int>(v * mult));
+    } catch (const std::exception&) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "--contexts: '{}' is not a context size like 2k or 32768", text.substr(i, j - i));
+    }
+    i = j + 1;
+  }
+  if (out.empty()) return make_error(ErrorCode::kInvalidArgument, "--contexts is empty");
+  return out;
+}
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Device-to-device copy bandwidth, counting bytes read plus bytes written (METHOD.md).
+double copy_bandwidth(Backend& be, int64_t bytes) {
+  Buffer a = check(be.alloc(DType::kU8, 1, bytes)), b = check(be.alloc(DType::kU8, 1, bytes));
+  for (int i = 0; i < 2; ++i) check(be.copy(b.tensor(), a.tensor()));
+  check(be.synchronize());
+  const int n = 10;
+  std::vector<double> times;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i)
+      check(be.copy(i % 2 == 0 ? b.tensor() : a.tensor(), i % 2 == 0 ? a.tensor() : b.tensor()));
+    check(be.synchronize());
+    times.push_back(seconds(t0, Clock::now()));
+  }
+  return 2.0 * static_cast<double>(bytes) * n / median(times);
+}
+
+// One recorded step: forward over tokens (positions continue the state), argmax of the requested logits rows
+// on the device, then the ids are downloaded (the only host synchronisation).
+std::vector<int32_t> run_step(Model& m, SequenceState& st, std::span<const int32_t> tokens, LogitRows rows,
+                              const Buffer& ids) {
+  Backend& be = m.backend();
+  std::vector<int32_t> pos(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) pos[i] = st.length() + static_cast<int32_t>(i);
+  check(be.begin_step());
+  Expected<StepOutput> o = m.forward(st, tokens, pos, {.logits = rows, .tap = {}});
+  if (o && !o->logits.empty()) {
+    const Status s = be.argmax({.x = o->logits, .out = ids.row_slice(0, o->logits.rows)});
+    if (!s) {
+      (void)be.end_step();
+      fail(s);
+    }
+  }
+  check(be.end_step());
+  if (!o) fail(o.status());
+  std::vector<int32_t> out;
+  if (!o->logits.empty()) {
+    out.resize(static_cast<size_t>(o->logits.rows));
+    check(be.download(out.data(), ids.row_slice(0, o->logits.rows)));
+  }
+  return out;
+}
+
+nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, int context,
+                           double bandwidth) {
+  Backend& be = m.backend();
+  const int V = sm.config.vocab_size;
+  const int verify_tokens = (a.verify_iters + 2) * 2;
+  SequenceState st = check(m.new_state({.ctx_size = context + a.tokens + verify_tokens + a.profile_steps + 16,
+                                        .kv_dtype = DType::kBF16,
+                                        .max_rows = std::max(8, a.verify_rows)}));
+  Buffer ids = check(be.alloc(DType::kI32, std::max(8, a.prefill_chunk), 1));
+  const std::vector<int32_t> prompt = synth_tokens(sm.seed + static_cast<uint64_t>(context), V, context);
+
+  // Prefill in chunks of max_rows rows; only the last chunk produces logits.
+  const auto p0 = Clock::now();
+  std::vector<int32_t> last;
+  const int chunk = m.max_rows();
+  for (int begin = 0; begin < context; begin += chunk) {
+    const int n = std::min(chunk, context - begin);
+    const bool final_chunk = begin + n == context;
+    last = run_step(m, st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
+                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids);
+    if ((begin / chunk + 1) % 1024 == 0) {
+      fmt::print(stderr, "  prefill {}/{} tokens, {:.1f} s\n", begin + n, context, seconds(p0, Clock::now()));
+    }
+  }
+  check(be.synchronize());
+  const double prefill_s = seconds(p0, Clock::now());
+
+  // Non-speculative greedy decode: one row per step, each token fed back from the device argmax.
+  int32_t tok = last.at(0);
+#ifdef PD_HAVE_CUDA
+  const std::optional<CudaStepStats> stats0 = cuda_step_stats(be);
+#endif
+  std::vector<int32_t> generated;
+  std::vector<double> step_s;
+  const auto d0 = Clock::now();
+  for (int i = 0; i < a.tokens; ++i) {
+    const auto s0 = Clock::now();
+    tok = run_step(m, st, std::span(&tok, 1), LogitRows::kLast, ids).at(0);
+    step_s.push_back(seconds(s0, Clock::now()));
+    generated.push_back(tok);
+  }
+  const double decode_s = seconds(d0, Clock::now());
+  nlohmann::json graph;
+#ifdef PD_HAVE_CUDA
+  if (std::optional<CudaStepStats> s = cuda_step_stats(be); s && stats0) {
+    // Host recording time and device (graph) time per decode step; a graph's device time is read at the next
+    // begin_step(), so the average is over the decode steps give or take one.
+    const double steps = static_cast<double>(s->recorded_steps - stats0->recorded_steps);
+    graph = {{"nodes_in_decode_graph", s->last_graph_nodes},
+             {"graphs_captured", s->graphs_captured},
+             {"graph_replays", s->graph_replays},
+             {"eager_steps", s->eager_steps},
+             {"host_record_ms_per_step",
+              steps > 0 ? 1e3 * (s->record_seconds - stats0->record_seconds) / steps : 0.0},
+             {"graph_gpu_ms_per_step", s->timed_graphs > stats0->timed_graphs
+                                           ? 1e3 * (s->graph_seconds - stats0->graph_seconds) /
+                                                 static_cast<double>(s->timed_graphs - stats0->timed_graphs)
+                                           : 0.0}};
+  }
+#endif
+
+  // Verify-step cost: R rows (all logits + argmax) against one row; the R-row step is rolled back to its
+  // first row (GDN snapshot restore), as after a fully rejected draft.
+  auto time_rows = [&](int rows) {
+    std::vector<double> t;
+    std::vector<int32_t> toks(static_cast<size_t>(rows), tok);
+    for (int it = 0; it < a.verify_iters + 2; ++it) {
+      const auto s0 = Clock::now();
+      run_step(m, st, toks, LogitRows::kAll, ids);
+      const double dt = seconds(s0, Clock::now());
+      if (it >= 2) t.push_back(dt);
+      if (rows > 1) check(st.rewind(st.length() - (rows - 1)));
+    }
+    return median(t);
+  };
+  const double r1 = time_rows(1);
+  const double rn = time_rows(a.verify_rows);
+
+  // Where a decode step's device time goes: a few eager one-row steps with every op timed by events.
+  nlohmann::json profile = nlohmann::json::array();
+#ifdef PD_HAVE_CUDA
+  if (a.profile_steps > 0 && be.device() == Device::kCuda) {
+    set_cuda_op_profiling(be, true);
+    for (int i = 0; i < a.profile_steps; ++i) {
+      std::vector<int32_t> pos = {st.length()};
+      Expected<StepOutput> o =
+          m.forward(st, std::span(&tok, 1), pos, {.logits = LogitRows::kLast, .tap = {}});
+      if (!o) fail(o.status());
+      check(be.argmax({.x = o->logits, .out = ids.row_slice(0, 1)}));
+    }
+    check(be.synchronize());
+    set_cuda_op_profiling(be, false);
+    double total = 0;
+    for (const CudaOpTime& t : cuda_op_profile(be)) total += t.seconds;
+    for (const CudaOpTime& t : cuda_op_profile(be)) {
+      profile.push_back({{"op", t.label},
+                         {"calls_per_step", static_cast<double>(t.count) / a.profile_steps},
+                         {"ms_per_step", 1e3 * t.seconds / a.profile_steps},
+                         {"share", total > 0 ? t.seconds / total : 0.0}});
+    }
+  }
+#endif
+
+  const int64_t bytes = sm.step_bytes.at_context(context);
+  const double floor_tps = bandwidth / static_cast<double>(bytes);
+  const double tps = static_cast<double>(a.tokens) / decode_s;
+  return {{"context", context},
+          {"prefill_tokens", context},
+          {"prefill_seconds", prefill_s},
+          {"prefill_tokens_per_second", context / prefill_s},
+          {"decode_tokens", a.tokens},
+          {"decode_seconds", decode_s},
+          {"decode_tokens_per_second", tps},
+          {"step_ms_median", 1e3 * median(step_s)},
+          {"step_ms_p90", 1e3 * percentile(step_s, 0.9)},
+          {"bytes_per_step", bytes},
+          {"floor_tokens_per_second", floor_tps},
+          {"fraction_of_floor", tps / floor_tps},
+          {"verify", {{"rows", a.verify_rows}, {"r1_ms", 1e3 * r1}, {"rn_ms", 1e3 * rn}, {"ratio", rn / r1}}},
+          {"cuda_graphs", graph},
+          {"op_profile", profile},
+          {"first_tokens", std::vector<int32_t>(generated.begin(),
+                                                generated.begin() + std::min<size_t>(16, generated.size()))}};
+}
+
+void run_bench(const BenchArgs& a) {
+  if (!a.model.empty()) {
+    fail(make_error(ErrorCode::kUnsupported, "bench --model is not implemented yet; use --synth ARCH"));
+  }
+  if (a.synth.empty()) fail(make_error(ErrorCode::kInvalidArgument, "bench needs --synth ARCH"));
+  const std::vector<int> contexts = check(parse_contexts(a.contexts));
+  // Declared first: the model and the synthetic weights are destroyed before the backend.
+  std::unique_ptr<Backend> owner = check(create_backend({.name = a.backend, .threads = a.threads}));
+  Backend& be = *owner;
+  const int copy_mib = a.copy_mib > 0 ? a.copy_mib : (be.device() == Device::kCuda ? 1024 : 64);
+  const double bandwidth = copy_bandwidth(be, int64_t{copy_mib} << 20);
+
+  const auto b0 = Clock::now();
+  std::unique_ptr<SynthModel> sm =
+      check(make_synth_model(a.synth, a.quant, a.seed, be.device() == Device::kCpu));
+  std::unique_ptr<Model> model =
+      check(create_model(sm->config, sm->weights, be, {.max_rows = a.prefill_chunk}));
+  check(be.synchronize());
+  const double build_s = seconds(b0, Clock::now());
+
+  nlohmann::json device = {{"backend", be.name()}};
+#ifdef PD_HAVE_CUDA
+  if (std::optional<CudaDeviceInfo> d = cuda_device_info(be)) {
+    device = {{"backend", be.name()},
+              {"name", d->name},
+              {"compute_capability", fmt::format("{}.{}", d->compute_major, d->compute_minor)},
+              {"multiprocessors", d->multiprocessors},
+              {"memory_bytes", d->total_memory},
+              {"cuda_driver_version", d->driver_version},
+              {"cuda_runtime_version", d->runtime_version}};
+  }
+#endif
+  nlohmann::json out = {
+      {"schema", "puredrive-bench/1"},
+      {"date_utc", utc_now()},
+      {"commit", a.commit},
+      {"note", a.note},
+      {"device", device},
+      {"model",
+       {{"synth", a.synth},
+        {"quant", a.quant},
+        {"seed", a.seed},
+        {"weight_bytes", sm->weight_bytes},
+        {"bound_bytes", be.bound_bytes()},
+        {"build_seconds", build_s}}},
+      {"protocol",
+       {{"mode", "greedy, non-speculative"},
+        {"decode_tokens", a.tokens},
+        {"runs_per_cell", a.runs},
+        {"prefill", "real prefill of seeded random token ids (random weights have no tokenizer)"},
+        {"prefill_chunk_rows", a.prefill_chunk},
+        {"kv_dtype", "bf16"},
+        {"floor",
+         "bytes per decode step (active weights + KV at the context + GDN state read and written) / "
+         "measured device-to-device copy bandwidth (read + write)"}}},
+      {"copy_bandwidth_bytes_per_second", bandwidth},
+      {"step_bytes",
+       {{"dense", sm->step_bytes.dense},
+        {"experts_active", sm->step_bytes.experts_active},
+        {"kv_per_token", sm->step_bytes.kv_per_token},
+        {"gdn_state", sm->step_bytes.gdn_state}}},
+      {"cells", nlohmann::json::array()},
+      {"complete", false}};
+  // The record is rewritten after every cell, so a run cut short still leaves its finished cells.
+  auto write = [&] {
+    if (a.json_out.empty()) return;
+    std::ofstream f(a.json_out);
+    f << out.dump(2) << "\n";
+    if (!f) fail(make_error(ErrorCode::kIo, "cannot write --json {}", a.json_out));
+  };
+  write();
+  for (int c : contexts) {
+    for (int run = 0; run < a.runs; ++run) {
+      nlohmann::json cell = run_context(a, *model, *sm, c, bandwidth);
+      cell["run"] = run;
+      out["cells"].push_back(cell);
+      write();
+      fmt::print(stderr, "context {}: {:.1f} tok/s (floor {:.1f})\n", c,
+                 cell["decode_tokens_per_second"].get<double>(),
+                 cell["floor_tokens_per_second"].get<double>());
+    }
+  }
+  out["complete"] = true;
+  write();
+  const nlohmann::json& cells = out["cells"];
+  fmt::print("synthetic {} {} on {}, copy bandwidth {:.0f} GB/s\n", a.synth, a.quant, be.name(),
+             bandwidth / 1e9);
+  fmt::print("{:>8} {:>12} {:>11} {:>11} {:>8} {:>14} {:>16}\n", "context", "prefill t/s", "decode t/s",
+             "floor t/s", "%floor", "step ms med", "verify R=" + std::to_string(a.verify_rows) + "/R=1");
+  for (const nlohmann::json& c : cells) {
+    fmt::print("{:>8} {:>12.1f} {:>11.1f} {:>11.1f} {:>7.1f}% {:>14.3f} {:>16.2f}\n", c["context"].get<int>(),
+               c["prefill_tokens_per_second"].get<double>(), c["decode_tokens_per_second"].get<double>(),
+               c["floor_tokens_per_second"].get<double>(), 100.0 * c["fraction_of_floor"].get<double>(),
+               c["step_ms_median"].get<double>(), c["verify"]["ratio"].get<double>());
+  }
+}
+
+void setup_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  auto* cmd = app.add_subcommand("bench", "Decode benchmark (DESIGN.md §7) on a synthetic model");
+  cmd->add_option("--synth", args->synth, "Synthetic architecture")->check(CLI::IsMember(synth_archs()));
+  cmd->add_option("--model", args->model, "Model directory (not implemented yet)");
+  cmd->add_option("--quant", args->quant, "Weight format of the synthetic model")
+      ->check(CLI::IsMember(synth_quants()));
+  cmd->add_option("--seed", args->seed, "Random seed of weights and prompts");
+  cmd->add_option("--contexts", args->contexts, "Context sizes, e.g. 2k,32k");
+  cmd->add_option("-n,--tokens", args->tokens, "Decode tokens per cell")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--runs", args->runs, "Runs per context")->check(CLI::Range(1, 100));
+  cmd->add_option("--verify-rows", args->verify_rows, "Rows of the timed verify step")
+      ->check(CLI::Range(2, 8));
+  cmd->add_option("--verify-iters", args->verify_iters, "Timed verify steps per width")
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--profile-steps", args->profile_steps, "Eager one-row steps timed op by op (CUDA)")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--copy-mib", args->copy_mib, "Buffer size of the bandwidth measurement")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--backend", args->backend, "cuda or cpu");
+  cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--json", args->json_out, "Write the full record as JSON to this file");
+  cmd->add_option("--commit", args->commit, "Commit hash recorded in the JSON");
+  cmd->add_option("--note", args->note, "Free text recorded in the JSON (e.g. uncommitted changes)");
+  cmd->callback([args] { run_bench(*args); });
+}
+
+const bool registered = register_command(setup_bench);
+
+}  // namespace
+}  // namespace pd::cli

@@ -1,0 +1,131 @@
+// puredrive synth: builds a model with random weights and the real shapes of an architecture directly on the
+// backend (on CUDA the weights are generated in device memory; no file is written), then runs a short greedy
+// decode to show that the model runs and its activations stay finite.
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/synth_model.h"
+#include "puredrive/backend/backend.h"
+#include "puredrive/model/model.h"
+
+namespace pd::cli {
+namespace {
+
+struct SynthArgs {
+  std::string arch = "qwen3.5-35b-a3b";
+  std::string quant = "bf16";
+  uint64_t seed = 0;
+  std::string backend = "cuda";
+  int threads = 0;
+  int tokens = 8;
+  int prompt = 16;
+  bool json = false;
+};
+
+[[noreturn]] void fail(const Status& s) {
+  fmt::print(stderr, "puredrive synth: {}\n", s.message());
+  throw CLI::RuntimeError(1);
+}
+
+void run_synth(const SynthArgs& a) {
+  using Clock = std::chrono::steady_clock;
+  Expected<std::unique_ptr<Backend>> backend = create_backend({.name = a.backend, .threads = a.threads});
+  if (!backend) fail(backend.status());
+  Backend& be = **backend;
+  const auto t0 = Clock::now();
+  Expected<std::unique_ptr<SynthModel>> sm =
+      make_synth_model(a.arch, a.quant, a.seed, be.device() == Device::kCpu);
+  if (!sm) fail(sm.status());
+  Expected<std::unique_ptr<Model>> model = create_model((*sm)->config, (*sm)->weights, be, {.max_rows = 8});
+  if (!model) fail(model.status());
+  if (Status s = be.synchronize(); !s) fail(s);
+  const double build_s = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  Model& m = **model;
+  const int V = (*sm)->config.vocab_size;
+  Expected<SequenceState> st =
+      m.new_state({.ctx_size = a.prompt + a.tokens + 8, .kv_dtype = DType::kBF16, .max_rows = 8});
+  if (!st) fail(st.status());
+  const std::vector<int32_t> prompt = synth_tokens(a.seed, V, a.prompt);
+  Expected<Buffer> id = be.alloc(DType::kI32, 1, 1);
+  if (!id) fail(id.status());
+  Tensor logits;
+  for (size_t begin = 0; begin < prompt.size(); begin += 8) {
+    const size_t n = std::min<size_t>(8, prompt.size() - begin);
+    std::vector<int32_t> pos(n);
+    for (size_t i = 0; i < n; ++i) pos[i] = st->length() + static_cast<int32_t>(i);
+    Expected<StepOutput> o =
+        m.forward(*st, std::span(prompt).subspan(begin, n), pos, {.logits = LogitRows::kLast, .tap = {}});
+    if (!o) fail(o.status());
+    logits = o->logits;
+  }
+  std::vector<int32_t> out;
+  bool finite = true;
+  const auto t1 = Clock::now();
+  for (int i = 0; i < a.tokens; ++i) {
+    std::vector<float> host(static_cast<size_t>(V));
+    if (Status s = be.download(host.data(), logits); !s) fail(s);
+    for (float x : host) finite = finite && std::isfinite(x);
+    if (Status s = be.argmax({.x = logits, .out = id->tensor()}); !s) fail(s);
+    int32_t tok = 0;
+    if (Status s = be.download(&tok, id->tensor()); !s) fail(s);
+    out.push_back(tok);
+    const int32_t at = st->length();
+    if (Status s = be.begin_step(); !s) fail(s);
+    Expected<StepOutput> o =
+        m.forward(*st, std::span(&tok, 1), std::span(&at, 1), {.logits = LogitRows::kLast, .tap = {}});
+    if (Status s = be.end_step(); !s) fail(s);
+    if (!o) fail(o.status());
+    logits = o->logits;
+  }
+  if (Status s = be.synchronize(); !s) fail(s);
+  const double decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  if (a.json) {
+    const nlohmann::json j = {{"arch", a.arch},
+                              {"quant", a.quant},
+                              {"seed", a.seed},
+                              {"backend", be.name()},
+                              {"weight_bytes", (*sm)->weight_bytes},
+                              {"bound_bytes", be.bound_bytes()},
+                              {"build_seconds", build_s},
+                              {"tokens", out},
+                              {"logits_finite", finite},
+                              {"decode_seconds", decode_s}};
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("synthetic {} ({}, seed {}) on {}: {:.2f} GB of weights bound in {:.1f} s\n", a.arch, a.quant,
+               a.seed, be.name(), static_cast<double>(be.bound_bytes()) / 1e9, build_s);
+    fmt::print("greedy tokens after a {}-token random prompt: {}\n", a.prompt, fmt::join(out, " "));
+    fmt::print("logits finite: {}; {} decode steps (with a logits download each) in {:.3f} s\n",
+               finite ? "yes" : "NO", a.tokens, decode_s);
+  }
+  if (!finite) fail(make_error(ErrorCode::kInternal, "non-finite logits from the synthetic model"));
+}
+
+void setup_synth(CLI::App& app) {
+  auto args = std::make_shared<SynthArgs>();
+  auto* cmd =
+      app.add_subcommand("synth", "Build a random-weight model with real shapes on the backend and run it");
+  cmd->add_option("--arch", args->arch, "Architecture")->check(CLI::IsMember(synth_archs()));
+  cmd->add_option("--quant", args->quant, "Weight format")->check(CLI::IsMember(synth_quants()));
+  cmd->add_option("--seed", args->seed, "Random seed");
+  cmd->add_option("--backend", args->backend, "cuda or cpu (cpu: only small architectures fit)");
+  cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("-n,--tokens", args->tokens, "Greedy tokens to decode")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--prompt", args->prompt, "Random prompt tokens")->check(CLI::Range(1, 1 << 16));
+  cmd->add_flag("--json", args->json, "Print the result as JSON");
+  cmd->callback([args] { run_synth(*args); });
+}
+
+const bool registered = register_command(setup_synth);
+
+}  // namespace
+}  // namespace pd::cli

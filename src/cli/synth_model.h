@@ -1,0 +1,60 @@
+// Synthetic models for `puredrive synth` and `puredrive bench --synth`: the real shapes of a published
+// architecture with random weights (speed only; DESIGN.md §7). For the CUDA backend the matrices carry no
+// host data: they point at registered SynthSources and the backend generates them in device memory
+// (backend/cuda/synth_source.h). For the CPU backend they are materialised in host memory with the same
+// generator, so both backends see the same weights.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "puredrive/checkpoint/model_config.h"
+#include "puredrive/checkpoint/weights.h"
+#include "puredrive/util/status.h"
+
+namespace pd::cli {
+
+struct SynthSourceHolder;  // registered generator descriptions (synth_model.cpp)
+
+// Bytes one non-speculative decode step must move, by kind (the floor's numerator).
+struct StepBytes {
+  int64_t dense = 0;  // every non-expert matrix a decode step reads, lm_head included (embedding: one row)
+  int64_t experts_active = 0;  // top_k routed experts per layer
+  int64_t kv_per_token = 0;    // K + V bytes per cached token over all full-attention layers
+  int64_t gdn_state = 0;       // recurrent + conv state of all GDN layers, read and written once
+  int64_t at_context(int64_t tokens) const {
+    return dense + experts_active + gdn_state + kv_per_token * tokens;
+  }
+};
+
+struct SynthModel {
+  std::string arch, quant;
+  uint64_t seed = 0;
+  ModelConfig config;
+  ModelWeights weights;
+  int64_t weight_bytes = 0;  // all matrices as stored
+  StepBytes step_bytes;
+  std::shared_ptr<SynthSourceHolder> sources;  // keeps the sources registered while the weights live
+  std::deque<std::vector<uint8_t>> host;       // materialised matrices (CPU backend; stable addresses)
+
+  SynthModel() = default;
+  SynthModel(const SynthModel&) = delete;
+  SynthModel& operator=(const SynthModel&) = delete;
+};
+
+// Architectures: "qwen3.5-35b-a3b" (spec §1.2) and "tiny" (the same architecture at fixture size).
+// Quantisations: bf16, q8 (MLX affine 8-bit, group 64), q6 (6-bit, routers 8-bit), q4 (4-bit, routers 8-bit).
+const std::vector<std::string>& synth_archs();
+const std::vector<std::string>& synth_quants();
+
+// materialize: generate host copies (CPU backend) instead of device-generated sources.
+Expected<std::unique_ptr<SynthModel>> make_synth_model(const std::string& arch, const std::string& quant,
+                                                       uint64_t seed, bool materialize);
+
+// Token ids for prefill: seeded, uniform over the vocabulary.
+std::vector<int32_t> synth_tokens(uint64_t seed, int vocab, int count);
+
+}  // namespace pd::cli

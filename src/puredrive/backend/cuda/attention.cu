@@ -1,0 +1,246 @@
+// Gated full attention after the projections (backend.h GatedAttentionArgs; spec §4), in three kernels per
+// chunk of up to kMaxRows rows:
+// 1. per (row, head): RMSNorm of the query / key head, NeoX RoPE at the row's position; keys and values are
+//    written to the cache at that position, queries to scratch;
+// 2. split-K over the cache: block (split c, KV head, row) covers positions [c * kAttnSplit, ...) of
+//    [0, position] for every query head of the group: scores, the split's max and sum of exponentials, and
+//    the unnormalised sum of p * v;
+// 3. per (row, query head): the splits merged in ascending order, normalised, times sigmoid(gate).
+// Split points depend only on the row's position, and every reduction runs in a fixed order, so each row's
+// result is independent of the other rows. Rows of a chunk see the keys written by earlier rows (phase 1
+// completes before phase 2), and chunks run in order.
+#include "puredrive/backend/cuda/common.cuh"
+
+namespace pd::cuda {
+namespace {
+
+__global__ void qk_norm_rope_kernel(AttentionLaunch a, int r0, float* qbuf) {
+  extern __shared__ float xs[];  // [D]
+  __shared__ float red[32];
+  const int r = static_cast<int>(blockIdx.x);
+  const int gr = r0 + r;
+  const int hh = static_cast<int>(blockIdx.y);
+  const int D = a.head_dim;
+  const int32_t pos = a.positions[gr * a.position_stride];
+  const bool is_q = hh < a.num_heads;
+  if (!is_q && (pos < 0 || pos >= a.capacity)) return;  // uniform over the block
+  const int kh = hh - a.num_heads;
+  const float* src = is_q ? a.qg + gr * a.qg_stride + static_cast<int64_t>(hh) * 2 * D
+                          : a.k + gr * a.k_stride + static_cast<int64_t>(kh) * D;
+  const float* w = is_q ? a.q_norm : a.k_norm;
+  float s = 0.0f;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) s = fmaf(src[d], src[d], s);
+  const float total = block_sum(s, red);
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(D) + a.eps);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) xs[d] = (src[d] * inv) * w[d];
+  __syncthreads();
+  const int rot = a.rotary_dim, half = rot / 2;
+  const int64_t kvw = static_cast<int64_t>(a.num_kv_heads) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float y = xs[d];
+    if (d < rot) {
+      // HF: inv_freq_i = 1 / theta^(2i / rotary_dim) in f32, angle = position * inv_freq_i.
+      const int i = d < half ? d : d - half;
+      const float exponent = static_cast<float>(2 * i) / static_cast<float>(rot);
+      const float inv_freq = 1.0f / powf(a.rope_theta, exponent);
+      const float angle = static_cast<float>(pos) * inv_freq;
+      const float c = cosf(angle), sn = sinf(angle);
+      const float lo = xs[i], hi = xs[i + half];
+      y = d < half ? lo * c - hi * sn : hi * c + lo * sn;
+    }
+    if (is_q) {
+      qbuf[(static_cast<int64_t>(r) * a.num_heads + hh) * D + d] = y;
+    } else {
+      const int64_t at = static_cast<int64_t>(pos) * kvw + static_cast<int64_t>(kh) * D + d;
+      const float vv = a.v[gr * a.v_stride + static_cast<int64_t>(kh) * D + d];
+      if (a.cache_bf16) {
+        static_cast<uint16_t*>(a.cache_k)[at] = to_bf16_bits(y);
+        static_cast<uint16_t*>(a.cache_v)[at] = to_bf16_bits(vv);
+      } else {
+        static_cast<float*>(a.cache_k)[at] = y;
+        static_cast<float*>(a.cache_v)[at] = vv;
+      }
+    }
+  }
+}
+
+template <bool BF16>
+__device__ __forceinline__ void load_kv8(const void* cache, int64_t at, float x[8]) {
+  if constexpr (BF16) {
+    const uint4 q = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(cache) + at);
+    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = bf16_bits(u[i] & 0xffffu);
+      x[2 * i + 1] = bf16_bits(u[i] >> 16);
+    }
+  } else {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(cache) + at);
+    const float4 u = p[0], v = p[1];
+    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
+  }
+}
+
+template <bool BF16>
+__device__ __forceinline__ float load_kv1(const void* cache, int64_t at) {
+  if constexpr (BF16) {
+    return bf16_bits(static_cast<const uint16_t*>(cache)[at]);
+  } else {
+    return static_cast<const float*>(cache)[at];
+  }
+}
+
+template <bool BF16>
+__global__ void __launch_bounds__(kBlock) attn_partial_kernel(AttentionLaunch a, int r0, const float* qbuf,
+                                                              float* part_o, float* part_ml, int splits) {
+  extern __shared__ float sm[];
+  const int D = a.head_dim;
+  const int group = a.num_heads / a.num_kv_heads;
+  float* qs = sm;              // [group][D]
+  float* sc = sm + group * D;  // [group][kAttnSplit]
+  const int c = static_cast<int>(blockIdx.x), kh = static_cast<int>(blockIdx.y),
+            r = static_cast<int>(blockIdx.z);
+  const int32_t pos = a.positions[(r0 + r) * a.position_stride];
+  if (pos < 0 || pos >= a.capacity) return;
+  const int n = pos + 1;
+  const int start = c * kAttnSplit;
+  if (start >= n) return;
+  const int cnt = n - start < kAttnSplit ? n - start : kAttnSplit;
+  const int64_t q0 = (static_cast<int64_t>(r) * a.num_heads + static_cast<int64_t>(kh) * group) * D;
+  for (int i = threadIdx.x; i < group * D; i += blockDim.x) qs[i] = qbuf[q0 + i];
+  __syncthreads();
+
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int nwarps = static_cast<int>(blockDim.x >> 5);
+  const int64_t kvw = static_cast<int64_t>(a.num_kv_heads) * D;
+  const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(D)));
+  // Scores: one warp per position, lanes over 8-element chunks of the head, xor butterfly.
+  for (int t = warp; t < cnt; t += nwarps) {
+    const int64_t row = static_cast<int64_t>(start + t) * kvw + static_cast<int64_t>(kh) * D;
+    float p[kMaxGroup] = {};
+    for (int ch = lane; ch < D / 8; ch += 32) {
+      float kv[8];
+      load_kv8<BF16>(a.cache_k, row + ch * 8, kv);
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g < group) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) p[g] = fmaf(qs[g * D + ch * 8 + j], kv[j], p[g]);
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g < group) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) p[g] += __shfl_xor_sync(0xffffffffu, p[g], off);
+        if (lane == 0) sc[g * kAttnSplit + t] = p[g] * scale;
+      }
+    }
+  }
+  __syncthreads();
+  // The split's max and sum of exp(score - max), one warp per query head.
+  for (int g = warp; g < group; g += nwarps) {
+    float* s = sc + g * kAttnSplit;
+    float m = -INFINITY;
+    for (int t = lane; t < cnt; t += 32) m = fmaxf(m, s[t]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float l = 0.0f;
+    for (int t = lane; t < cnt; t += 32) {
+      const float e = expf(s[t] - m);
+      s[t] = e;
+      l = l + e;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (lane == 0) {
+      float* ml = part_ml + ((static_cast<int64_t>(r) * a.num_heads + kh * group + g) * splits + c) * 2;
+      ml[0] = m;
+      ml[1] = l;
+    }
+  }
+  __syncthreads();
+  // sum_t p_t * v_t in ascending t, one thread per head dim, every query head of the group at once.
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc[kMaxGroup] = {};
+#pragma unroll 8
+    for (int t = 0; t < cnt; ++t) {
+      const float v =
+          load_kv1<BF16>(a.cache_v, static_cast<int64_t>(start + t) * kvw + static_cast<int64_t>(kh) * D + d);
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g < group) acc[g] = fmaf(sc[g * kAttnSplit + t], v, acc[g]);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g < group) {
+        part_o[((static_cast<int64_t>(r) * a.num_heads + kh * group + g) * splits + c) * D + d] = acc[g];
+      }
+    }
+  }
+}
+
+__global__ void attn_merge_kernel(AttentionLaunch a, int r0, const float* part_o, const float* part_ml,
+                                  int splits) {
+  const int r = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
+  const int gr = r0 + r;
+  const int D = a.head_dim;
+  const int32_t pos = a.positions[gr * a.position_stride];
+  float* out = a.out + gr * a.out_stride + static_cast<int64_t>(h) * D;
+  const float* gate = a.qg + gr * a.qg_stride + static_cast<int64_t>(h) * 2 * D + D;
+  const bool valid = pos >= 0 && pos < a.capacity;
+  const int nsplit = valid ? (pos + kAttnSplit) / kAttnSplit : 0;
+  const int64_t base = (static_cast<int64_t>(r) * a.num_heads + h) * splits;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float m = -INFINITY, l = 0.0f, o = 0.0f;
+    for (int c = 0; c < nsplit; ++c) {
+      const float mc = part_ml[(base + c) * 2], lc = part_ml[(base + c) * 2 + 1];
+      const float oc = part_o[(base + c) * D + d];
+      const float mn = fmaxf(m, mc);
+      const float fa = expf(m - mn), fb = expf(mc - mn);
+      l = l * fa + lc * fb;
+      o = o * fa + oc * fb;
+      m = mn;
+    }
+    out[d] = valid ? (o / l) * sigmoidf_(gate[d]) : 0.0f;
+  }
+}
+
+int num_splits(int64_t capacity) {
+  return static_cast<int>((capacity + kAttnSplit - 1) / kAttnSplit);
+}
+
+}  // namespace
+
+int64_t attention_scratch_floats(int num_heads, int head_dim, int64_t capacity) {
+  const int64_t per_row = static_cast<int64_t>(num_heads) * head_dim * (1 + num_splits(capacity)) +
+                          static_cast<int64_t>(num_heads) * num_splits(capacity) * 2;
+  return kMaxRows * per_row;
+}
+
+void launch_attention(const AttentionLaunch& a, cudaStream_t stream) {
+  const int D = a.head_dim;
+  const int group = a.num_heads / a.num_kv_heads;
+  const int splits = num_splits(a.capacity);
+  float* qbuf = a.scratch;
+  float* part_o = qbuf + static_cast<int64_t>(kMaxRows) * a.num_heads * D;
+  float* part_ml = part_o + static_cast<int64_t>(kMaxRows) * a.num_heads * splits * D;
+  const size_t partial_smem = static_cast<size_t>(group) * (D + kAttnSplit) * sizeof(float);
+  for (int r0 = 0; r0 < a.rows; r0 += kMaxRows) {
+    const int n = a.rows - r0 < kMaxRows ? a.rows - r0 : kMaxRows;
+    qk_norm_rope_kernel<<<dim3(n, a.num_heads + a.num_kv_heads), 128, D * sizeof(float), stream>>>(a, r0,
+                                                                                                   qbuf);
+    const dim3 grid(splits, a.num_kv_heads, n);
+    if (a.cache_bf16) {
+      attn_partial_kernel<true><<<grid, kBlock, partial_smem, stream>>>(a, r0, qbuf, part_o, part_ml, splits);
+    } else {
+      attn_partial_kernel<false>
+          <<<grid, kBlock, partial_smem, stream>>>(a, r0, qbuf, part_o, part_ml, splits);
+    }
+    attn_merge_kernel<<<dim3(n, a.num_heads), 128, 0, stream>>>(a, r0, part_o, part_ml, splits);
+  }
+}
+
+}  // namespace pd::cuda

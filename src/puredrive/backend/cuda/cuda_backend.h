@@ -1,0 +1,57 @@
+// The CUDA backend (sm_90): weights uploaded once, every op on the device, row-exact kernels (kernels.h), and
+// step capture: the ops between Backend::begin_step() and end_step() are recorded on the host and run at
+// end_step() as one CUDA graph, captured the first time a step with those exact arguments is seen and
+// replayed afterwards (set PD_CUDA_GRAPHS=0 to run recorded steps eagerly instead).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "puredrive/backend/backend.h"
+
+namespace pd {
+
+Expected<std::unique_ptr<Backend>> make_cuda_backend(const BackendOptions& options);
+
+struct CudaDeviceInfo {
+  std::string name;
+  int compute_major = 0, compute_minor = 0;
+  int multiprocessors = 0;
+  int64_t total_memory = 0;
+  int driver_version = 0;   // cudaDriverGetVersion, e.g. 13000
+  int runtime_version = 0;  // cudaRuntimeGetVersion
+};
+
+struct CudaStepStats {
+  int64_t graphs_captured = 0;
+  int64_t graph_replays = 0;
+  int64_t eager_steps = 0;       // steps run without a graph (graphs off, or a download inside the step)
+  int64_t last_graph_nodes = 0;  // kernel/memcpy nodes of the most recently captured graph
+  int64_t cached_graphs = 0;
+  // Where a recorded step's time goes: host time from begin_step() to end_step() (the model's op calls,
+  // validation, recording), and device time of the graph (events around the launch; read at the next step).
+  int64_t recorded_steps = 0;
+  double record_seconds = 0;
+  int64_t timed_graphs = 0;
+  double graph_seconds = 0;
+};
+
+// Device time of ops run eagerly while profiling is on (events around each op, a synchronisation after each:
+// for finding where a step's time goes, not for throughput). Label: op kind, with the weight shape for
+// matmul.
+struct CudaOpTime {
+  std::string label;
+  int64_t count = 0;
+  double seconds = 0;
+};
+
+// nullopt / no effect when backend is not the CUDA backend.
+std::optional<CudaDeviceInfo> cuda_device_info(const Backend& backend);
+std::optional<CudaStepStats> cuda_step_stats(const Backend& backend);
+void set_cuda_op_profiling(Backend& backend, bool on);
+std::vector<CudaOpTime> cuda_op_profile(const Backend& backend);  // sorted by total time, largest first
+
+}  // namespace pd

@@ -1,0 +1,141 @@
+// The CUDA kernels' launch interface, shared by the host code (cuda_backend.cpp, compiled as C++) and the
+// kernels (*.cu). Plain structs of device pointers and sizes; arguments arrive validated.
+//
+// Row-exactness (backend.h): every kernel computes each row's outputs with the same threads-to-elements
+// mapping and the same reduction tree whatever the number of rows R, and the library is compiled with
+// --fmad=false, so only the fmaf() written in the source fuse. Steps of more than kMaxRows rows run as
+// consecutive chunks of kMaxRows rows through the same kernels, so prefill is row-exact too.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace pd::cuda {
+
+constexpr int kMaxRows = 8;  // rows one launch of a weight-reading kernel handles (registers per thread)
+constexpr int kBlock = 256;  // threads of a matrix-vector block: 8 warps, one output row per warp at a time
+constexpr int kAttnSplit = 128;  // attention split-K: cache positions [c * kAttnSplit, (c + 1) * kAttnSplit)
+constexpr int kMaxGroup = 16;    // query heads per KV head
+constexpr int kMaxTopK = 32;     // experts per token
+constexpr int kMaxConvKernel = 8;  // GDN conv taps
+
+enum class WFmt : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kAffine = 3 };
+enum class SDType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// A weight matrix W[rows, cols] in device memory (checkpoint/weights.h Matrix). For stacked experts, data,
+// scales and biases point at expert 0 and the strides give the distance between experts in bytes.
+struct DevMatrix {
+  WFmt fmt = WFmt::kF32;
+  int32_t bits = 0;        // affine
+  int32_t group_size = 0;  // affine
+  SDType scale_dtype = SDType::kBF16;
+  int64_t rows = 0;
+  int64_t cols = 0;  // a multiple of 8 (dense) or of 32 (affine)
+  const void* data = nullptr;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  int64_t data_stride = 0;   // bytes between experts
+  int64_t scale_stride = 0;  // bytes between experts (scales and biases)
+};
+
+// ---- Dense ops (ops_dense.cu) ----
+void launch_gemv(const DevMatrix& w, const float* x, int64_t x_stride, float* out, int64_t out_stride,
+                 int rows, bool accumulate, cudaStream_t stream);
+void launch_embed(const DevMatrix& table, const int32_t* tokens, int64_t token_stride, float* out,
+                  int64_t out_stride, int rows, cudaStream_t stream);
+void launch_rms_norm(const float* x, int64_t x_stride, const float* weight, int n, float eps, float* out,
+                     int64_t out_stride, int rows, cudaStream_t stream);
+void launch_add(const float* a, int64_t a_stride, const float* b, int64_t b_stride, float* out,
+                int64_t out_stride, int rows, int n, cudaStream_t stream);
+void launch_argmax(const float* x, int64_t x_stride, int n, int32_t* out, int64_t out_stride, int rows,
+                   cudaStream_t stream);
+
+// ---- Gated attention (attention.cu) ----
+struct AttentionLaunch {
+  int num_heads = 0, num_kv_heads = 0, head_dim = 0, rotary_dim = 0;
+  float rope_theta = 0.0f, eps = 0.0f;
+  const float* qg = nullptr;
+  int64_t qg_stride = 0;
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const int32_t* positions = nullptr;
+  int64_t position_stride = 0;
+  void* cache_k = nullptr;  // [T, Hkv * D]
+  void* cache_v = nullptr;
+  bool cache_bf16 = true;
+  int64_t capacity = 0;  // T
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  int rows = 0;
+  // Scratch (attention_scratch_floats): normalised queries and the split-K partial results.
+  float* scratch = nullptr;
+};
+int64_t attention_scratch_floats(int num_heads, int head_dim, int64_t capacity);
+void launch_attention(const AttentionLaunch& a, cudaStream_t stream);
+
+// ---- Gated DeltaNet (gated_delta_net.cu) ----
+struct GdnLaunch {
+  int num_k_heads = 0, num_v_heads = 0, k_head_dim = 0, v_head_dim = 0, conv_kernel = 0;
+  float eps = 0.0f;
+  const float* qkv = nullptr;
+  int64_t qkv_stride = 0;
+  const float* z = nullptr;
+  int64_t z_stride = 0;
+  const float* b = nullptr;
+  int64_t b_stride = 0;
+  const float* a = nullptr;
+  int64_t a_stride = 0;
+  const float* conv1d = nullptr;   // [C * Kc]
+  const float* A_log = nullptr;    // [Hv]
+  const float* dt_bias = nullptr;  // [Hv]
+  const float* norm = nullptr;     // [Dv]
+  float* conv_state = nullptr;     // [Kc - 1, C]
+  float* recurrent = nullptr;      // [Hv, Dk * Dv]
+  float* snap_conv = nullptr;      // [R_max, (Kc - 1) * C] or null
+  int64_t snap_conv_stride = 0;
+  float* snap_recurrent = nullptr;  // [R_max, Hv * Dk * Dv] or null
+  int64_t snap_recurrent_stride = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  int rows = 0;
+  float* scratch = nullptr;  // gdn_scratch_floats
+};
+constexpr int kGdnChunk = 64;  // rows per conv + recurrence pass (bounds the scratch)
+int64_t gdn_scratch_floats(int channels);
+bool gdn_supported(int k_head_dim, int v_head_dim);
+void launch_gated_delta_net(const GdnLaunch& g, cudaStream_t stream);
+
+// ---- Sparse MoE block (moe.cu) ----
+struct MoeLaunch {
+  DevMatrix router;       // [E, H]
+  DevMatrix shared_gate;  // [1, H] (shared_expert_gate)
+  DevMatrix gate, up;     // stacked experts [E][I, H]
+  DevMatrix down;         // stacked experts [E][H, I]
+  DevMatrix sh_gate, sh_up, sh_down;
+  int experts = 0, top_k = 0, hidden = 0, inter = 0, shared_inter = 0;
+  bool norm_topk = true;
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  int rows = 0;
+  void* scratch = nullptr;  // moe_scratch_bytes
+};
+int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
+void launch_moe(const MoeLaunch& m, cudaStream_t stream);
+// The same with the device time of its phases added to ms[5] (router products, route, up, down, combine);
+// synchronises (profiling only).
+void launch_moe_profiled(const MoeLaunch& m, cudaStream_t stream, double ms[5]);
+
+// ---- Synthetic weights (synth.cu; formulas in synth_rng.h) ----
+void launch_synth_dense(void* dst, WFmt fmt, int64_t count, uint64_t seed, float amplitude,
+                        cudaStream_t stream);
+void launch_synth_words(uint32_t* dst, int64_t count, uint64_t seed, cudaStream_t stream);
+void launch_fill_scalar(void* dst, SDType dtype, int64_t count, float value, cudaStream_t stream);
+
+}  // namespace pd::cuda

@@ -1,0 +1,495 @@
+// Every op of the CUDA backend against the CPU backend (the numerical reference, itself tested against naive
+// double-precision implementations) and against an independent double-precision product for matmul; and
+// row-exactness on the GPU: every row of an R-row call equals the one-row call bitwise. Step capture (CUDA
+// graphs) against eager execution. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "cuda/cuda_test_util.h"
+#include "puredrive/backend/cpu/test_util.h"
+#include "puredrive/backend/cuda/cuda_backend.h"
+
+namespace pd {
+namespace {
+
+using cudatest::download;
+using cudatest::rel_err;
+using cudatest::rows_of;
+using cudatest::same_bits;
+using test::device_tensor;
+
+TEST(CudaBackend, MissingDeviceIsAClearError) {
+  Expected<std::unique_ptr<Backend>> b = create_backend({.name = "cuda"});
+  if (b.has_value()) {
+    EXPECT_EQ((*b)->device(), Device::kCuda);
+    EXPECT_NE((*b)->name().find("cuda"), std::string::npos);
+    std::printf("CUDA backend: %s\n", (*b)->name().c_str());
+    return;
+  }
+  const std::string msg = b.status().to_string();
+  EXPECT_NE(msg.find("no usable CUDA device"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--backend cpu"), std::string::npos) << msg;
+  std::printf("no GPU here, as expected on CI: %s\n", msg.c_str());
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    gpu_ = cudatest::try_cuda(&why);
+    if (gpu_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
+    cpu_ = test::cpu_backend(2);
+  }
+  std::unique_ptr<Backend> cpu_, gpu_;
+  std::mt19937 rng_{1234};
+};
+
+struct FormatCase {
+  WeightFormat format;
+  int bits = 0;
+  int group = 32;
+  DType scale_dtype = DType::kBF16;
+};
+
+std::string describe(const FormatCase& f) {
+  return f.format == WeightFormat::kAffine
+             ? fmt::format("affine{} g{} {}", f.bits, f.group, dtype_name(f.scale_dtype))
+             : weight_format_name(f.format);
+}
+
+TEST_F(CudaOps, MatmulEveryFormatRowExact) {
+  std::vector<FormatCase> cases = {{WeightFormat::kF32}, {WeightFormat::kF16}, {WeightFormat::kBF16}};
+  for (int bits : {2, 3, 4, 5, 6, 7, 8}) cases.push_back({WeightFormat::kAffine, bits, 32});
+  cases.push_back({WeightFormat::kAffine, 4, 64, DType::kF16});
+  cases.push_back({WeightFormat::kAffine, 6, 128, DType::kF32});
+  cases.push_back({WeightFormat::kAffine, 8, 64});
+  const std::vector<int64_t> ks =
+      cudatest::quick() ? std::vector<int64_t>{256} : std::vector<int64_t>{64, 256, 2048};
+  const std::vector<int> rs = cudatest::quick() ? std::vector<int>{1, 11} : std::vector<int>{1, 3, 8, 11};
+  for (const FormatCase& f : cases) {
+    for (int64_t K : ks) {
+      if (f.format == WeightFormat::kAffine && K % f.group != 0) continue;
+      SCOPED_TRACE(fmt::format("{} K={}", describe(f), K));
+      const int64_t N = 37;
+      auto w = test::make_matrix(rng_, N, K, f.format, f.bits, f.group, 0.5f, f.scale_dtype);
+      const MatrixId wc = cpu_->bind_matrix(w->m).value();
+      const MatrixId wg = gpu_->bind_matrix(w->m).value();
+      for (int R : rs) {
+        const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
+        const std::vector<float> init = test::random_vector(rng_, static_cast<size_t>(R * N));
+        for (Accum acc : {Accum::kOverwrite, Accum::kAdd}) {
+          Buffer xc = device_tensor(*cpu_, DType::kF32, R, K, x),
+                 oc = device_tensor(*cpu_, DType::kF32, R, N, init);
+          Buffer xg = device_tensor(*gpu_, DType::kF32, R, K, x),
+                 og = device_tensor(*gpu_, DType::kF32, R, N, init);
+          ASSERT_TRUE(cpu_->matmul({.w = wc, .x = xc.tensor(), .out = oc.tensor(), .accum = acc}).is_ok());
+          ASSERT_TRUE(gpu_->matmul({.w = wg, .x = xg.tensor(), .out = og.tensor(), .accum = acc}).is_ok());
+          const std::vector<float> got = download<float>(*gpu_, og.tensor());
+          EXPECT_LE(rel_err(got, download<float>(*cpu_, oc.tensor())), 1e-5) << "R=" << R;
+          // Independent double-precision product of the decoded weights.
+          std::vector<float> ref(got.size());
+          for (int r = 0; r < R; ++r) {
+            for (int64_t n = 0; n < N; ++n) {
+              double s = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                s += static_cast<double>(x[static_cast<size_t>(r * K + k)]) *
+                     w->reference[static_cast<size_t>(n * K + k)];
+              }
+              const float base = acc == Accum::kAdd ? init[static_cast<size_t>(r * N + n)] : 0.0f;
+              ref[static_cast<size_t>(r * N + n)] = static_cast<float>(s + base);
+            }
+          }
+          EXPECT_LE(rel_err(got, ref), 1e-5) << "R=" << R << " vs double reference";
+          // Row-exact: each row equals its one-row call.
+          for (int r = 0; r < R; ++r) {
+            Buffer x1 = device_tensor(*gpu_, DType::kF32, 1, K, rows_of(x, K, r, 1));
+            Buffer o1 = device_tensor(*gpu_, DType::kF32, 1, N, rows_of(init, N, r, 1));
+            ASSERT_TRUE(gpu_->matmul({.w = wg, .x = x1.tensor(), .out = o1.tensor(), .accum = acc}).is_ok());
+            EXPECT_TRUE(same_bits(download<float>(*gpu_, o1.tensor()), rows_of(got, N, r, 1)))
+                << "row " << r << " of R=" << R;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, EmbedRmsNormAddArgmax) {
+  const int64_t V = 50, H = 96;
+  for (const FormatCase& f : {FormatCase{WeightFormat::kBF16}, FormatCase{WeightFormat::kAffine, 6, 32}}) {
+    auto table = test::make_matrix(rng_, V, H, f.format, f.bits, f.group);
+    const MatrixId tc = cpu_->bind_matrix(table->m).value(), tg = gpu_->bind_matrix(table->m).value();
+    const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+    Buffer ic = device_tensor(*cpu_, DType::kI32, 5, 1, ids),
+           ig = device_tensor(*gpu_, DType::kI32, 5, 1, ids);
+    Buffer ec = device_tensor(*cpu_, DType::kF32, 5, H, std::vector<float>{});
+    Buffer eg = device_tensor(*gpu_, DType::kF32, 5, H, std::vector<float>{});
+    ASSERT_TRUE(cpu_->embed({.table = tc, .tokens = ic.tensor(), .out = ec.tensor()}).is_ok());
+    ASSERT_TRUE(gpu_->embed({.table = tg, .tokens = ig.tensor(), .out = eg.tensor()}).is_ok());
+    EXPECT_TRUE(same_bits(download<float>(*gpu_, eg.tensor()), download<float>(*cpu_, ec.tensor())))
+        << describe(f);
+  }
+  // RMSNorm in place and into a column slice.
+  const int R = 6;
+  const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * H));
+  const std::vector<float> w = test::random_vector(rng_, static_cast<size_t>(H));
+  const VectorId wc = cpu_->bind_vector(w, "w").value(), wg = gpu_->bind_vector(w, "w").value();
+  Buffer xc = device_tensor(*cpu_, DType::kF32, R, H, x), xg = device_tensor(*gpu_, DType::kF32, R, H, x);
+  Buffer wide = device_tensor(*gpu_, DType::kF32, R, 2 * H, std::vector<float>{});
+  ASSERT_TRUE(
+      gpu_->rms_norm({.x = xg.tensor(), .weight = wg, .eps = 1e-6f, .out = wide.tensor().col_slice(H, H)})
+          .is_ok());
+  ASSERT_TRUE(cpu_->rms_norm({.x = xc.tensor(), .weight = wc, .eps = 1e-6f, .out = xc.tensor()}).is_ok());
+  ASSERT_TRUE(gpu_->rms_norm({.x = xg.tensor(), .weight = wg, .eps = 1e-6f, .out = xg.tensor()}).is_ok());
+  const std::vector<float> nc = download<float>(*cpu_, xc.tensor()), ng = download<float>(*gpu_, xg.tensor());
+  EXPECT_LE(rel_err(ng, nc), 1e-6);
+  EXPECT_TRUE(same_bits(download<float>(*gpu_, wide.tensor().col_slice(H, H)), ng));
+  for (int r = 0; r < R; ++r) {
+    Buffer x1 = device_tensor(*gpu_, DType::kF32, 1, H, rows_of(x, H, r, 1));
+    ASSERT_TRUE(gpu_->rms_norm({.x = x1.tensor(), .weight = wg, .eps = 1e-6f, .out = x1.tensor()}).is_ok());
+    EXPECT_TRUE(same_bits(download<float>(*gpu_, x1.tensor()), rows_of(ng, H, r, 1))) << "row " << r;
+  }
+  // add
+  const std::vector<float> y = test::random_vector(rng_, static_cast<size_t>(R * H));
+  Buffer yg = device_tensor(*gpu_, DType::kF32, R, H, y);
+  Buffer x2 = device_tensor(*gpu_, DType::kF32, R, H, x);
+  ASSERT_TRUE(gpu_->add({.a = x2.tensor(), .b = yg.tensor(), .out = x2.tensor()}).is_ok());
+  const std::vector<float> sum = download<float>(*gpu_, x2.tensor());
+  for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(sum[i], x[i] + y[i]);
+  // argmax: ties to the lowest index, NaN never wins, all -inf gives the first.
+  const int N = 3000;
+  std::vector<float> logits(static_cast<size_t>(4 * N));
+  for (float& v : logits) v = std::uniform_real_distribution<float>(-5, 5)(rng_);
+  logits[100] = 9.0f;
+  logits[2900] = 9.0f;  // tie: 100 wins
+  logits[N + 7] = NAN;
+  logits[N + 8] = 7.0f;                                                            // NaN skipped
+  for (int i = 0; i < N; ++i) logits[static_cast<size_t>(2 * N + i)] = -INFINITY;  // all -inf: 0
+  logits[static_cast<size_t>(3 * N + N - 1)] = 100.0f;                             // last element
+  Buffer lc = device_tensor(*cpu_, DType::kF32, 4, N, logits),
+         lg = device_tensor(*gpu_, DType::kF32, 4, N, logits);
+  Buffer ac = device_tensor(*cpu_, DType::kI32, 4, 1, std::vector<int32_t>{});
+  Buffer ag = device_tensor(*gpu_, DType::kI32, 4, 1, std::vector<int32_t>{});
+  ASSERT_TRUE(cpu_->argmax({.x = lc.tensor(), .out = ac.tensor()}).is_ok());
+  ASSERT_TRUE(gpu_->argmax({.x = lg.tensor(), .out = ag.tensor()}).is_ok());
+  const std::vector<int32_t> want = download<int32_t>(*cpu_, ac.tensor());
+  EXPECT_EQ(download<int32_t>(*gpu_, ag.tensor()), want);
+  EXPECT_EQ(want, (std::vector<int32_t>{100, 8, 0, N - 1}));
+}
+
+struct AttnCase {
+  AttentionDims dims;
+  int64_t capacity;
+};
+
+TEST_F(CudaOps, AttentionMatchesCpuAndIsRowExact) {
+  const std::vector<AttnCase> cases = {{{.num_heads = 4,
+                                         .num_kv_heads = 2,
+                                         .head_dim = 32,
+                                         .rotary_dim = 16,
+                                         .rope_theta = 10000.0,
+                                         .eps = 1e-6f},
+                                        300},
+                                       {{.num_heads = 16,
+                                         .num_kv_heads = 2,
+                                         .head_dim = 256,
+                                         .rotary_dim = 64,
+                                         .rope_theta = 1e7,
+                                         .eps = 1e-6f},
+                                        400}};
+  for (const AttnCase& c : cases) {
+    const AttentionDims& d = c.dims;
+    const int64_t qw = int64_t{d.num_heads} * d.head_dim, kvw = int64_t{d.num_kv_heads} * d.head_dim;
+    const std::vector<float> qn = test::random_vector(rng_, static_cast<size_t>(d.head_dim), 0.2f);
+    const std::vector<float> kn = test::random_vector(rng_, static_cast<size_t>(d.head_dim), 0.2f);
+    const VectorId qnc = cpu_->bind_vector(qn, "qn").value(), knc = cpu_->bind_vector(kn, "kn").value();
+    const VectorId qng = gpu_->bind_vector(qn, "qn").value(), kng = gpu_->bind_vector(kn, "kn").value();
+    for (DType kv : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(fmt::format("D={} kv {}", d.head_dim, dtype_name(kv)));
+      const int prefix = 260;  // three splits of kAttnSplit = 128
+      const int total = prefix + 8;
+      const std::vector<float> qg = test::random_vector(rng_, static_cast<size_t>(total * 2 * qw));
+      const std::vector<float> k = test::random_vector(rng_, static_cast<size_t>(total * kvw));
+      const std::vector<float> v = test::random_vector(rng_, static_cast<size_t>(total * kvw));
+      std::vector<int32_t> pos(static_cast<size_t>(total));
+      for (int i = 0; i < total; ++i) pos[static_cast<size_t>(i)] = i;
+      // Runs rows [begin, begin + n) on backend be with the given caches; returns the output.
+      auto run = [&](Backend& be, VectorId qnv, VectorId knv, const KvCache& cache, int begin, int n) {
+        Buffer bqg = device_tensor(be, DType::kF32, n, 2 * qw, rows_of(qg, 2 * qw, begin, n));
+        Buffer bk = device_tensor(be, DType::kF32, n, kvw, rows_of(k, kvw, begin, n));
+        Buffer bv = device_tensor(be, DType::kF32, n, kvw, rows_of(v, kvw, begin, n));
+        Buffer bp = device_tensor(be, DType::kI32, n, 1, rows_of(pos, 1, begin, n));
+        Buffer out = device_tensor(be, DType::kF32, n, qw, std::vector<float>{});
+        const Status s = be.gated_attention({.dims = d,
+                                             .qg = bqg.tensor(),
+                                             .k = bk.tensor(),
+                                             .v = bv.tensor(),
+                                             .q_norm = qnv,
+                                             .k_norm = knv,
+                                             .positions = bp.tensor(),
+                                             .cache = cache,
+                                             .out = out.tensor()});
+        EXPECT_TRUE(s.is_ok()) << s.to_string();
+        return download<float>(be, out.tensor());
+      };
+      auto make_cache = [&](Backend& be, std::vector<Buffer>* keep) {
+        keep->push_back(be.alloc(kv, c.capacity, kvw).value());
+        keep->push_back(be.alloc(kv, c.capacity, kvw).value());
+        return KvCache{.k = (*keep)[keep->size() - 2].tensor(), .v = (*keep)[keep->size() - 1].tensor()};
+      };
+      std::vector<Buffer> keep;
+      const KvCache cc = make_cache(*cpu_, &keep), cg = make_cache(*gpu_, &keep),
+                    cg1 = make_cache(*gpu_, &keep);
+      const std::vector<float> pc = run(*cpu_, qnc, knc, cc, 0, prefix);
+      const std::vector<float> pg = run(*gpu_, qng, kng, cg, 0, prefix);
+      const double tol = kv == DType::kF32 ? 1e-4 : 2e-3;
+      EXPECT_LE(rel_err(pg, pc), tol) << "prefix";
+      // The same prefix one row at a time into a second cache: bitwise equal to the multi-row call (quick:
+      // the first rows as one call, the last 8 one at a time).
+      const int bulk = cudatest::quick() ? prefix - 8 : 0;
+      if (bulk > 0) run(*gpu_, qng, kng, cg1, 0, bulk);
+      for (int i = bulk; i < prefix; ++i) {
+        const std::vector<float> o = run(*gpu_, qng, kng, cg1, i, 1);
+        ASSERT_TRUE(same_bits(o, rows_of(pg, qw, i, 1))) << "prefix row " << i;
+      }
+      for (int R = 1; R <= 8; ++R) {
+        const std::vector<float> sc = run(*cpu_, qnc, knc, cc, prefix, R);
+        const std::vector<float> sg = run(*gpu_, qng, kng, cg, prefix, R);
+        EXPECT_LE(rel_err(sg, sc), tol) << "step R=" << R;
+        for (int r = 0; r < R; ++r) {
+          const std::vector<float> o = run(*gpu_, qng, kng, cg1, prefix + r, 1);
+          EXPECT_TRUE(same_bits(o, rows_of(sg, qw, r, 1))) << "R=" << R << " row " << r;
+        }
+        EXPECT_TRUE(same_bits(cudatest::download_bytes(*gpu_, cg.k), cudatest::download_bytes(*gpu_, cg1.k)));
+        EXPECT_TRUE(same_bits(cudatest::download_bytes(*gpu_, cg.v), cudatest::download_bytes(*gpu_, cg1.v)));
+      }
+    }
+  }
+}
+
+struct GdnCase {
+  GdnDims dims;
+};
+
+TEST_F(CudaOps, GatedDeltaNetMatchesCpuAndIsRowExact) {
+  const std::vector<GdnCase> cases = {{{.num_k_heads = 2,
+                                        .num_v_heads = 4,
+                                        .k_head_dim = 16,
+                                        .v_head_dim = 16,
+                                        .conv_kernel = 4,
+                                        .eps = 1e-6f}},
+                                      {{.num_k_heads = 16,
+                                        .num_v_heads = 32,
+                                        .k_head_dim = 128,
+                                        .v_head_dim = 128,
+                                        .conv_kernel = 4,
+                                        .eps = 1e-6f}}};
+  for (const GdnCase& c : cases) {
+    const GdnDims& d = c.dims;
+    SCOPED_TRACE(fmt::format("Dk={}", d.k_head_dim));
+    const int64_t C = 2 * int64_t{d.num_k_heads} * d.k_head_dim + int64_t{d.num_v_heads} * d.v_head_dim;
+    const int64_t vd = int64_t{d.num_v_heads} * d.v_head_dim;
+    const int64_t S = vd * d.k_head_dim;
+    const int kc = d.conv_kernel;
+    std::vector<float> conv1d = test::random_vector(rng_, static_cast<size_t>(C * kc), 0.5f);
+    std::vector<float> a_log(static_cast<size_t>(d.num_v_heads)), dt_bias(a_log.size());
+    for (size_t i = 0; i < a_log.size(); ++i) {
+      a_log[i] = std::log(std::uniform_real_distribution<float>(1.0f, 16.0f)(rng_));
+      dt_bias[i] = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng_);
+    }
+    std::vector<float> norm = test::random_vector(rng_, static_cast<size_t>(d.v_head_dim), 0.1f);
+    for (float& x : norm) x += 1.0f;
+    struct Ids {
+      VectorId conv1d, a_log, dt_bias, norm;
+    };
+    auto bind = [&](Backend& be) {
+      return Ids{be.bind_vector(conv1d, "conv1d").value(), be.bind_vector(a_log, "A_log").value(),
+                 be.bind_vector(dt_bias, "dt_bias").value(), be.bind_vector(norm, "norm").value()};
+    };
+    const Ids ic = bind(*cpu_), ig = bind(*gpu_);
+    const int total = 3 + 8;
+    const std::vector<float> qkv = test::random_vector(rng_, static_cast<size_t>(total * C));
+    const std::vector<float> z = test::random_vector(rng_, static_cast<size_t>(total * vd));
+    const std::vector<float> b = test::random_vector(rng_, static_cast<size_t>(total * d.num_v_heads));
+    const std::vector<float> a = test::random_vector(rng_, static_cast<size_t>(total * d.num_v_heads));
+    struct State {
+      Buffer conv, rec, snap_conv, snap_rec;
+    };
+    auto make_state = [&](Backend& be) {
+      return State{be.alloc(DType::kF32, kc - 1, C).value(),
+                   be.alloc(DType::kF32, d.num_v_heads, S / d.num_v_heads).value(),
+                   be.alloc(DType::kF32, 8, (kc - 1) * C).value(), be.alloc(DType::kF32, 8, S).value()};
+    };
+    auto run = [&](Backend& be, const Ids& ids, State& st, int begin, int n, bool snaps) {
+      Buffer bqkv = device_tensor(be, DType::kF32, n, C, rows_of(qkv, C, begin, n));
+      Buffer bz = device_tensor(be, DType::kF32, n, vd, rows_of(z, vd, begin, n));
+      Buffer bb = device_tensor(be, DType::kF32, n, d.num_v_heads, rows_of(b, d.num_v_heads, begin, n));
+      Buffer ba = device_tensor(be, DType::kF32, n, d.num_v_heads, rows_of(a, d.num_v_heads, begin, n));
+      Buffer out = device_tensor(be, DType::kF32, n, vd, std::vector<float>{});
+      GdnSnapshots sn;
+      if (snaps) sn = {.conv = st.snap_conv.tensor(), .recurrent = st.snap_rec.tensor()};
+      const Status s = be.gated_delta_net({.dims = d,
+                                           .qkv = bqkv.tensor(),
+                                           .z = bz.tensor(),
+                                           .b = bb.tensor(),
+                                           .a = ba.tensor(),
+                                           .conv1d = ids.conv1d,
+                                           .A_log = ids.a_log,
+                                           .dt_bias = ids.dt_bias,
+                                           .norm = ids.norm,
+                                           .state = {.conv = st.conv.tensor(), .recurrent = st.rec.tensor()},
+                                           .snapshots = sn,
+                                           .out = out.tensor()});
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+      return download<float>(be, out.tensor());
+    };
+    auto state_of = [&](Backend& be, const State& st) {
+      std::vector<float> v = download<float>(be, st.conv.tensor());
+      const std::vector<float> r = download<float>(be, st.rec.tensor());
+      v.insert(v.end(), r.begin(), r.end());
+      return v;
+    };
+    for (int R = 1; R <= 8; ++R) {
+      State sc = make_state(*cpu_), sg = make_state(*gpu_), s1 = make_state(*gpu_);
+      run(*cpu_, ic, sc, 0, 3, false);
+      run(*gpu_, ig, sg, 0, 3, false);
+      for (int i = 0; i < 3; ++i) run(*gpu_, ig, s1, i, 1, false);
+      const std::vector<float> oc = run(*cpu_, ic, sc, 3, R, true);
+      const std::vector<float> og = run(*gpu_, ig, sg, 3, R, true);
+      EXPECT_LE(rel_err(og, oc), 1e-4) << "R=" << R;
+      EXPECT_LE(rel_err(state_of(*gpu_, sg), state_of(*cpu_, sc)), 1e-4) << "state R=" << R;
+      const std::vector<float> snap_conv = download<float>(*gpu_, sg.snap_conv.tensor());
+      const std::vector<float> snap_rec = download<float>(*gpu_, sg.snap_rec.tensor());
+      for (int r = 0; r < R; ++r) {
+        const std::vector<float> o = run(*gpu_, ig, s1, 3 + r, 1, false);
+        EXPECT_TRUE(same_bits(o, rows_of(og, vd, r, 1))) << "R=" << R << " row " << r;
+        EXPECT_TRUE(
+            same_bits(download<float>(*gpu_, s1.conv.tensor()), rows_of(snap_conv, (kc - 1) * C, r, 1)))
+            << "conv snapshot R=" << R << " row " << r;
+        EXPECT_TRUE(same_bits(download<float>(*gpu_, s1.rec.tensor()), rows_of(snap_rec, S, r, 1)))
+            << "recurrent snapshot R=" << R << " row " << r;
+      }
+      EXPECT_TRUE(same_bits(state_of(*gpu_, s1), state_of(*gpu_, sg))) << "final state R=" << R;
+    }
+  }
+}
+
+struct MoeFixture {
+  std::vector<std::unique_ptr<test::OwnedMatrix>> owned;
+  MoeWeights w;
+  int64_t hidden = 0;
+};
+
+MoeFixture make_moe(std::mt19937& rng, int experts, int64_t hidden, int64_t inter, FormatCase gate_f,
+                    FormatCase up_f, FormatCase down_f) {
+  MoeFixture f;
+  f.hidden = hidden;
+  auto mk = [&](int64_t rows, int64_t cols, const FormatCase& fc, float scale) {
+    f.owned.push_back(
+        test::make_matrix(rng, rows, cols, fc.format, fc.bits, fc.group, scale, fc.scale_dtype));
+    return f.owned.back()->m;
+  };
+  const float s = 1.0f / std::sqrt(static_cast<float>(hidden));
+  f.w.gate = mk(experts, hidden, {WeightFormat::kBF16}, 1.0f);
+  f.w.shared_expert_gate = mk(1, hidden, {WeightFormat::kBF16}, s);
+  f.w.shared_gate_proj = mk(inter, hidden, gate_f, s);
+  f.w.shared_up_proj = mk(inter, hidden, up_f, s);
+  f.w.shared_down_proj = mk(hidden, inter, down_f, s);
+  for (int e = 0; e < experts; ++e) {
+    f.w.gate_proj.push_back(mk(inter, hidden, gate_f, s));
+    f.w.up_proj.push_back(mk(inter, hidden, up_f, s));
+    f.w.down_proj.push_back(mk(hidden, inter, down_f, s));
+  }
+  return f;
+}
+
+TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
+  struct Case {
+    int experts, top_k;
+    int64_t hidden, inter;
+    FormatCase g, u, dn;
+  };
+  const std::vector<Case> cases = {
+      {8, 2, 64, 32, {WeightFormat::kF32}, {WeightFormat::kF32}, {WeightFormat::kF32}},
+      {8,
+       2,
+       64,
+       32,
+       {WeightFormat::kAffine, 6, 32},
+       {WeightFormat::kAffine, 4, 32},
+       {WeightFormat::kAffine, 8, 32}},
+      {64, 8, 256, 128, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("E={} k={} {}", c.experts, c.top_k, describe(c.g)));
+    MoeFixture f = make_moe(rng_, c.experts, c.hidden, c.inter, c.g, c.u, c.dn);
+    const MoeSpec spec{.num_experts_per_tok = c.top_k, .norm_topk_prob = true};
+    const MoeId mc = cpu_->bind_moe(f.w, spec).value(), mg = gpu_->bind_moe(f.w, spec).value();
+    for (int R : {1, 2, 5, 8, 11}) {
+      const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * c.hidden));
+      Buffer xc = device_tensor(*cpu_, DType::kF32, R, c.hidden, x),
+             xg = device_tensor(*gpu_, DType::kF32, R, c.hidden, x);
+      Buffer oc = device_tensor(*cpu_, DType::kF32, R, c.hidden, std::vector<float>{});
+      Buffer og = device_tensor(*gpu_, DType::kF32, R, c.hidden, std::vector<float>{});
+      ASSERT_TRUE(cpu_->moe({.moe = mc, .x = xc.tensor(), .out = oc.tensor()}).is_ok());
+      ASSERT_TRUE(gpu_->moe({.moe = mg, .x = xg.tensor(), .out = og.tensor()}).is_ok());
+      const std::vector<float> got = download<float>(*gpu_, og.tensor());
+      EXPECT_LE(rel_err(got, download<float>(*cpu_, oc.tensor())), 1e-4) << "R=" << R;
+      for (int r = 0; r < R; ++r) {
+        Buffer x1 = device_tensor(*gpu_, DType::kF32, 1, c.hidden, rows_of(x, c.hidden, r, 1));
+        Buffer o1 = device_tensor(*gpu_, DType::kF32, 1, c.hidden, std::vector<float>{});
+        ASSERT_TRUE(gpu_->moe({.moe = mg, .x = x1.tensor(), .out = o1.tensor()}).is_ok());
+        EXPECT_TRUE(same_bits(download<float>(*gpu_, o1.tensor()), rows_of(got, c.hidden, r, 1)))
+            << "R=" << R << " row " << r;
+      }
+    }
+  }
+}
+
+// One "step": upload x, matmul, rms_norm, argmax. Recorded steps (graph capture, then replays) give the
+// bits of eager execution; a download inside a step runs what was recorded and continues eagerly.
+TEST_F(CudaOps, StepCaptureMatchesEager) {
+  const int64_t K = 256, N = 300;
+  const int R = 3;
+  auto w = test::make_matrix(rng_, N, K, WeightFormat::kBF16);
+  const MatrixId wg = gpu_->bind_matrix(w->m).value();
+  const std::vector<float> ones(static_cast<size_t>(N), 1.0f);
+  const VectorId nv = gpu_->bind_vector(ones, "ones").value();
+  Buffer x = gpu_->alloc(DType::kF32, R, K).value(), y = gpu_->alloc(DType::kF32, R, N).value();
+  Buffer idx = gpu_->alloc(DType::kI32, R, 1).value();
+  auto step = [&](const std::vector<float>& host, bool capture, bool download_inside) {
+    if (capture) {
+      EXPECT_TRUE(gpu_->begin_step().is_ok());
+    }
+    EXPECT_TRUE(gpu_->upload(x.tensor(), host.data()).is_ok());
+    EXPECT_TRUE(gpu_->matmul({.w = wg, .x = x.tensor(), .out = y.tensor()}).is_ok());
+    std::vector<float> mid;
+    if (download_inside) mid = download<float>(*gpu_, y.tensor());
+    EXPECT_TRUE(gpu_->rms_norm({.x = y.tensor(), .weight = nv, .eps = 1e-6f, .out = y.tensor()}).is_ok());
+    EXPECT_TRUE(gpu_->argmax({.x = y.tensor(), .out = idx.tensor()}).is_ok());
+    if (capture) {
+      EXPECT_TRUE(gpu_->end_step().is_ok());
+    }
+    std::vector<float> out = download<float>(*gpu_, y.tensor());
+    const std::vector<int32_t> ids = download<int32_t>(*gpu_, idx.tensor());
+    out.insert(out.end(), ids.begin(), ids.end());  // ids compared as bits too
+    return out;
+  };
+  const CudaStepStats before = cuda_step_stats(*gpu_).value();
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<float> host = test::random_vector(rng_, static_cast<size_t>(R * K));
+    const std::vector<float> eager = step(host, false, false);
+    EXPECT_TRUE(same_bits(step(host, true, false), eager)) << "recorded step " << i;
+    EXPECT_TRUE(same_bits(step(host, true, true), eager)) << "step with a download inside " << i;
+  }
+  const CudaStepStats after = cuda_step_stats(*gpu_).value();
+  if (std::getenv("PD_CUDA_GRAPHS") == nullptr) {
+    EXPECT_EQ(after.graphs_captured - before.graphs_captured, 1);
+    EXPECT_EQ(after.graph_replays - before.graph_replays, 4);
+    EXPECT_GE(after.eager_steps - before.eager_steps, 4);
+  }
+}
+
+}  // namespace
+}  // namespace pd
