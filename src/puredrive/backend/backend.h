@@ -1,0 +1,302 @@
+// Backend: the op interface that architecture code (model/) calls. A backend owns device memory, the bound
+// weights and every op kernel; model code only names ops and never branches on the device.
+//
+// Contracts every backend keeps (DESIGN.md §4):
+// - Row-exact: an op over R rows produces, for each row, bitwise the result of R one-row calls. Every
+//   reduction runs in an order that depends only on the row's own data and position, never on R, on the
+//   thread count or on other rows (no R-dependent split-K, tiling or kernel choice).
+// - Asynchronous: ops may be queued (CUDA stream); nothing inside a step waits for the host. Only download()
+//   and synchronize() block.
+// - Activations are f32. Weights stay in their stored format (f32/f16/bf16/MLX affine) and are dequantised on
+//   the fly with f32 accumulation. KV caches are bf16 or f32; GDN states are f32.
+//
+// Shape letters (STYLE.md §32): R rows of this step, H hidden, V vocab, Hq/Hkv attention heads, D head dim,
+// Hk/Hv GDN key/value heads, Dk/Dv GDN head dims, C conv channels (2*Hk*Dk + Hv*Dv), Kc conv kernel,
+// E experts, I expert width, T context capacity.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "puredrive/checkpoint/weights.h"
+#include "puredrive/util/dtype.h"
+#include "puredrive/util/status.h"
+
+namespace pd {
+
+enum class Device { kCpu, kCuda };
+
+// Whether an op overwrites its output or adds into it (out += result, rounded once per element).
+enum class Accum { kOverwrite, kAdd };
+
+// A non-owning, copyable view of a 2-D row-major array in a backend's memory: element (r, c) is at
+// data + (r * stride + c) * dtype_size(dtype). Vectors are [1, n]; per-row scalars (token ids, positions)
+// are [R, 1].
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t stride = 0;  // elements between the starts of consecutive rows, >= cols
+  Device device = Device::kCpu;
+
+  bool empty() const { return data == nullptr; }
+  bool contiguous() const { return stride == cols; }
+  int64_t numel() const { return rows * cols; }
+  int64_t nbytes() const { return numel() * static_cast<int64_t>(dtype_size(dtype)); }
+
+  Tensor row_slice(int64_t begin, int64_t count) const {
+    Tensor t = *this;
+    t.data = static_cast<uint8_t*>(data) + begin * stride * static_cast<int64_t>(dtype_size(dtype));
+    t.rows = count;
+    return t;
+  }
+  Tensor col_slice(int64_t begin, int64_t count) const {
+    Tensor t = *this;
+    t.data = static_cast<uint8_t*>(data) + begin * static_cast<int64_t>(dtype_size(dtype));
+    t.cols = count;
+    return t;
+  }
+  // A contiguous tensor seen with another row length (rows * cols must be preserved).
+  Tensor reshaped(int64_t new_rows, int64_t new_cols) const {
+    Tensor t = *this;
+    t.rows = new_rows;
+    t.cols = new_cols;
+    t.stride = new_cols;
+    return t;
+  }
+  // Host pointer to row r. Valid only for Device::kCpu.
+  template <typename T>
+  T* row(int64_t r) const {
+    return reinterpret_cast<T*>(static_cast<uint8_t*>(data) + r * stride * static_cast<int64_t>(sizeof(T)));
+  }
+};
+
+// Owning backend memory. Movable; the memory is released (by the backend's deleter) with the last copy.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Tensor tensor, std::shared_ptr<void> storage) : tensor_(tensor), storage_(std::move(storage)) {}
+  const Tensor& tensor() const { return tensor_; }
+  Tensor row_slice(int64_t begin, int64_t count) const { return tensor_.row_slice(begin, count); }
+  bool empty() const { return tensor_.empty(); }
+  int64_t nbytes() const { return tensor_.nbytes(); }
+
+ private:
+  Tensor tensor_;
+  std::shared_ptr<void> storage_;
+};
+
+// Handles to weights bound once to a backend (the CPU backend keeps views into the mapped checkpoint; CUDA
+// uploads). A handle is valid for the lifetime of the backend that returned it.
+struct MatrixId {
+  int32_t index = -1;
+  bool valid() const { return index >= 0; }
+};
+struct VectorId {
+  int32_t index = -1;
+  bool valid() const { return index >= 0; }
+};
+struct MoeId {
+  int32_t index = -1;
+  bool valid() const { return index >= 0; }
+};
+
+// Routing parameters bound with an MoE block (spec §6).
+struct MoeSpec {
+  int num_experts_per_tok = 0;
+  bool norm_topk_prob = true;
+};
+
+// ---- Op arguments. Every op validates shapes and returns kInvalidArgument naming the argument. ----
+
+// out[r] = table[tokens[r]] dequantised.
+struct EmbedArgs {
+  MatrixId table;  // [V, H]
+  Tensor tokens;   // I32 [R, 1]
+  Tensor out;      // F32 [R, H]
+};
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight (zero-centred weights come with the +1 folded in).
+// out may alias x.
+struct RmsNormArgs {
+  Tensor x;         // F32 [R, N]
+  VectorId weight;  // [N]
+  float eps = 1e-6f;
+  Tensor out;  // F32 [R, N]
+};
+
+// out = a + b elementwise; out may alias a or b.
+struct AddArgs {
+  Tensor a;    // F32 [R, N]
+  Tensor b;    // F32 [R, N]
+  Tensor out;  // F32 [R, N]
+};
+
+// out[r, n] (=|+=) sum_k x[r, k] * W[n, k], f32 accumulation in an order independent of R.
+struct MatmulArgs {
+  MatrixId w;  // [N, K], any format
+  Tensor x;    // F32 [R, K]
+  Tensor out;  // F32 [R, N]
+  Accum accum = Accum::kOverwrite;
+};
+
+struct AttentionDims {
+  int num_heads = 0;     // Hq
+  int num_kv_heads = 0;  // Hkv; query head h reads KV head h / (Hq / Hkv)
+  int head_dim = 0;      // D
+  int rotary_dim = 0;    // leading dims of each head rotated NeoX-style (pairs i, i + rotary_dim/2)
+  double rope_theta = 10000.0;
+  float eps = 1e-6f;  // q/k RMSNorm eps
+};
+
+// One full-attention layer's KV cache: row t holds the entry of position t.
+struct KvCache {
+  Tensor k;  // BF16|F32 [T, Hkv * D], post-norm, post-RoPE
+  Tensor v;  // BF16|F32 [T, Hkv * D]
+};
+
+// Gated attention after the projections (spec §4): split qg per head into query and gate, RMSNorm q and k
+// per head, rotate the first rotary_dim dims at each row's position, write k and v at positions[r], then for
+// each row causal GQA softmax attention over cache positions [0, positions[r]] (scale D^-1/2; entries
+// written by earlier rows of the same step are visible), times sigmoid(gate).
+// Callers guarantee that entries [0, positions[r]) hold this sequence's keys and values.
+struct GatedAttentionArgs {
+  AttentionDims dims;
+  Tensor qg;         // F32 [R, Hq * 2D]: per head [query (D) | gate (D)]
+  Tensor k;          // F32 [R, Hkv * D], before norm and RoPE
+  Tensor v;          // F32 [R, Hkv * D]
+  VectorId q_norm;   // [D]
+  VectorId k_norm;   // [D]
+  Tensor positions;  // I32 [R, 1]
+  // Host-side copy of positions[R-1] + 1: the most cache entries any row reads. Lets a device backend size
+  // its launch without reading positions back; 0 when unknown.
+  int32_t kv_length = 0;
+  KvCache cache;
+  Tensor out;  // F32 [R, Hq * D]
+};
+
+struct GdnDims {
+  int num_k_heads = 0;  // Hk
+  int num_v_heads = 0;  // Hv; value head j reads key head j / (Hv / Hk)
+  int k_head_dim = 0;   // Dk
+  int v_head_dim = 0;   // Dv
+  int conv_kernel = 4;  // Kc
+  float eps = 1e-6f;    // gated RMSNorm eps
+};
+
+// One GDN layer's recurrent state (spec §5.2, §5.7).
+struct GdnState {
+  Tensor conv;       // F32 [Kc - 1, C]: the last Kc-1 pre-conv inputs, oldest first
+  Tensor recurrent;  // F32 [Hv, Dk * Dv]: S_h[i, j] at i * Dv + j
+};
+
+// Per-row snapshots of one GDN layer's state; row r of each tensor holds the state after row r.
+struct GdnSnapshots {
+  Tensor conv;       // F32 [R_max, (Kc - 1) * C]
+  Tensor recurrent;  // F32 [R_max, Hv * Dk * Dv]
+  bool empty() const { return conv.empty(); }
+};
+
+// Gated DeltaNet after the input projections (spec §5.2-5.8), rows processed in order: causal depthwise
+// conv over q|k|v with the carried conv state, SiLU, split, l2norm q and k, q *= Dk^-1/2, beta = sigmoid(b),
+// g = -exp(A_log) * softplus(a + dt_bias), then per value head in fp32: S *= exp(g); S += k (beta (v - S^T
+// k))^T; o = S^T q; out = w * rmsnorm(o) * silu(z) per head. Updates state in place; when snapshots is not
+// empty the state after every row r is also written to snapshot row r.
+struct GatedDeltaNetArgs {
+  GdnDims dims;
+  Tensor qkv;        // F32 [R, C] in_proj_qkv output (pre-conv), q | k | v head-major
+  Tensor z;          // F32 [R, Hv * Dv]
+  Tensor b;          // F32 [R, Hv]
+  Tensor a;          // F32 [R, Hv]
+  VectorId conv1d;   // [C * Kc], tap Kc-1 multiplies the current token
+  VectorId A_log;    // [Hv]
+  VectorId dt_bias;  // [Hv]
+  VectorId norm;     // [Dv]
+  GdnState state;
+  GdnSnapshots snapshots;
+  Tensor out;  // F32 [R, Hv * Dv], input of out_proj
+};
+
+// The whole sparse MoE block (spec §6): fp32 softmax router, top-k (ties to the lower expert id),
+// renormalise when norm_topk_prob, SwiGLU experts; per row
+// out = (((0 + w_e1 * E_e1(x)) + w_e2 * E_e2(x)) + ...) + sigmoid(x . w_sg) * SwiGLU_shared(x)
+// with the selected experts summed in ascending expert id (HF's order).
+struct MoeArgs {
+  MoeId moe;
+  Tensor x;    // F32 [R, H], post_attention_layernorm output
+  Tensor out;  // F32 [R, H]; must not alias x
+};
+
+// out[r] = the lowest index of the maximum of x[r] (NaN never wins).
+struct ArgmaxArgs {
+  Tensor x;    // F32 [R, N]
+  Tensor out;  // I32 [R, 1]
+};
+
+struct BackendOptions {
+  std::string name = "cpu";  // "cpu" | "cuda"
+  int threads = 0;           // CPU worker threads, <= 0: all cores
+  // CPU: jobs under this many multiply-adds run on the calling thread (0: always split; tests use it to
+  // exercise the partition). Never changes results.
+  int64_t min_parallel_work = 32768;
+  int device_index = 0;  // CUDA device
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // ---- Memory ----
+  // Zero-initialised rows x cols array of dtype.
+  virtual Expected<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) = 0;
+  // Host -> device; src holds dst.rows * dst.cols contiguous elements of dst.dtype.
+  virtual Status upload(const Tensor& dst, const void* src) = 0;
+  // Device -> host (waits for queued work); dst receives src.rows * src.cols contiguous elements.
+  virtual Status download(void* dst, const Tensor& src) = 0;
+  // Same shape and dtype; may not overlap.
+  virtual Status copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual Status fill_zero(const Tensor& dst) = 0;
+  virtual Status synchronize() = 0;
+  // Bytes the backend can still allocate (CPU: MemAvailable; CUDA: free device memory), for memory plans.
+  virtual int64_t available_memory() const = 0;
+
+  // ---- Step capture (optional) ----
+  // The ops between begin_step() and end_step() form one step that a backend may record and replay (CUDA: one
+  // graph per distinct sequence of op arguments, captured once). Inside a step, upload() copies its host data
+  // at the call, and download()/synchronize() first run what was recorded. Calls nest; the outermost pair
+  // counts. Backends that run ops immediately (CPU) need not override these.
+  virtual Status begin_step() { return Status::ok(); }
+  virtual Status end_step() { return Status::ok(); }
+
+  // ---- Weights, bound once ----
+  virtual Expected<MatrixId> bind_matrix(const Matrix& m) = 0;
+  virtual Expected<VectorId> bind_vector(std::span<const float> v, const std::string& name) = 0;
+  virtual Expected<MoeId> bind_moe(const MoeWeights& w, const MoeSpec& spec) = 0;
+  // Bytes of weights the backend holds or references (for the memory plan and reports).
+  virtual int64_t bound_bytes() const = 0;
+
+  // ---- Ops ----
+  virtual Status embed(const EmbedArgs& args) = 0;
+  virtual Status rms_norm(const RmsNormArgs& args) = 0;
+  virtual Status add(const AddArgs& args) = 0;
+  virtual Status matmul(const MatmulArgs& args) = 0;
+  virtual Status gated_attention(const GatedAttentionArgs& args) = 0;
+  virtual Status gated_delta_net(const GatedDeltaNetArgs& args) = 0;
+  virtual Status moe(const MoeArgs& args) = 0;
+  virtual Status argmax(const ArgmaxArgs& args) = 0;
+};
+
+// Creates the backend named in options ("cpu", or "cuda" when built with CUDA). Unknown or unavailable
+// names are an error that lists the available backends.
+Expected<std::unique_ptr<Backend>> create_backend(const BackendOptions& options);
+
+// Names of the backends compiled into this binary.
+std::vector<std::string> available_backends();
+
+}  // namespace pd

@@ -1,0 +1,161 @@
+// Gated full attention after the projections (spec §4; HF Qwen3_5MoeAttention.forward with eager attention).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "puredrive/backend/cpu/cpu_ops.h"
+#include "puredrive/backend/cpu/kernels.h"
+#include "puredrive/util/dtype.h"
+
+namespace pd::cpu {
+namespace {
+
+// cos/sin of the rotary frequencies at one position, as HF computes them in f32:
+// inv_freq_j = 1 / theta^(2j / rotary_dim), angle = position * inv_freq_j.
+void rope_tables(double theta, int rotary_dim, int32_t position, float* cos_out, float* sin_out) {
+  const int half = rotary_dim / 2;
+  for (int j = 0; j < half; ++j) {
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(rotary_dim);
+    const float inv_freq = 1.0f / std::pow(static_cast<float>(theta), exponent);
+    const float angle = static_cast<float>(position) * inv_freq;
+    cos_out[j] = std::cos(angle);
+    sin_out[j] = std::sin(angle);
+  }
+}
+
+// NeoX rotate-half on the first rotary_dim dims: x' = x * cos + rotate_half(x) * sin, where dim i pairs with
+// dim i + rotary_dim/2. Dims past rotary_dim pass through.
+void apply_rope(float* x, int rotary_dim, const float* c, const float* s) {
+  const int half = rotary_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const float lo = x[i];
+    const float hi = x[i + half];
+    x[i] = lo * c[i] - hi * s[i];
+    x[i + half] = hi * c[i] + lo * s[i];
+  }
+}
+
+void store_row(const Tensor& cache, int64_t position, const float* src) {
+  if (cache.dtype == DType::kF32) {
+    std::copy(src, src + cache.cols, cache.row<float>(position));
+  } else {
+    uint16_t* dst = cache.row<uint16_t>(position);
+    for (int64_t i = 0; i < cache.cols; ++i) dst[i] = f32_to_bf16(src[i]);
+  }
+}
+
+// Entries [begin, begin + count) of KV head h as f32 rows of D (pointer into the cache when it is f32).
+const float* load_rows(const Tensor& cache, int64_t begin, int64_t count, int h, int d, float* buf) {
+  if (cache.dtype == DType::kF32 && count == 1) return cache.row<float>(begin) + static_cast<int64_t>(h) * d;
+  for (int64_t t = 0; t < count; ++t) {
+    float* out = buf + t * d;
+    if (cache.dtype == DType::kF32) {
+      const float* src = cache.row<float>(begin + t) + static_cast<int64_t>(h) * d;
+      std::copy(src, src + d, out);
+    } else {
+      const uint16_t* src = cache.row<uint16_t>(begin + t) + static_cast<int64_t>(h) * d;
+      for (int i = 0; i < d; ++i) out[i] = bf16_to_f32(src[i]);
+    }
+  }
+  return buf;
+}
+
+constexpr int64_t kBlock = 64;  // cache entries converted at a time
+
+}  // namespace
+
+void gated_attention(const Exec& pool, const GatedAttentionArgs& a, const float* q_norm,
+                     const float* k_norm) {
+  const AttentionDims& dims = a.dims;
+  const int d = dims.head_dim;
+  const int hq = dims.num_heads;
+  const int hkv = dims.num_kv_heads;
+  const int group = hq / hkv;
+  const int64_t rows = a.qg.rows;
+  const int half = dims.rotary_dim / 2;
+
+  // Phase 1, per row: normalised and rotated queries; keys and values written at the row's position.
+  std::vector<float> q(static_cast<size_t>(rows * hq * d));
+  parallel_for(pool, static_cast<size_t>(rows), 4.0 * (hq + hkv) * d, [&](size_t begin, size_t end) {
+    std::vector<float> c(static_cast<size_t>(half) + 1), s(static_cast<size_t>(half) + 1);
+    std::vector<float> k(static_cast<size_t>(hkv) * d);
+    for (size_t rr = begin; rr < end; ++rr) {
+      const int64_t r = static_cast<int64_t>(rr);
+      const int32_t pos = *a.positions.row<int32_t>(r);
+      rope_tables(dims.rope_theta, dims.rotary_dim, pos, c.data(), s.data());
+      const float* qg = a.qg.row<float>(r);
+      for (int h = 0; h < hq; ++h) {
+        float* qh = q.data() + (r * hq + h) * d;
+        rms_norm_row(qg + int64_t{h} * 2 * d, q_norm, d, dims.eps, qh);
+        apply_rope(qh, dims.rotary_dim, c.data(), s.data());
+      }
+      for (int h = 0; h < hkv; ++h) {
+        float* kh = k.data() + int64_t{h} * d;
+        rms_norm_row(a.k.row<float>(r) + int64_t{h} * d, k_norm, d, dims.eps, kh);
+        apply_rope(kh, dims.rotary_dim, c.data(), s.data());
+      }
+      store_row(a.cache.k, pos, k.data());
+      store_row(a.cache.v, pos, a.v.row<float>(r));
+    }
+  });
+
+  // Phase 2, per (row, KV head): softmax(q K^T * D^-1/2) V over positions [0, pos] in ascending order for
+  // each query head of the group, then the sigmoid output gate. The order depends only on the row's position.
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  const double context = 1.0 + *a.positions.row<int32_t>(rows - 1);
+  parallel_for(pool, static_cast<size_t>(rows * hkv), 2.0 * group * d * context,
+               [&](size_t begin, size_t end) {
+                 std::vector<float> block(static_cast<size_t>(kBlock) * d);
+                 std::vector<float> scores;
+                 std::vector<float> acc(static_cast<size_t>(group) * d);
+                 for (size_t item = begin; item < end; ++item) {
+                   const int64_t r = static_cast<int64_t>(item) / hkv;
+                   const int kvh = static_cast<int>(static_cast<int64_t>(item) % hkv);
+                   const int64_t n = int64_t{*a.positions.row<int32_t>(r)} + 1;
+                   scores.assign(static_cast<size_t>(n * group), 0.0f);
+                   for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+                     const int64_t cnt = std::min(kBlock, n - t0);
+                     const float* keys = load_rows(a.cache.k, t0, cnt, kvh, d, block.data());
+                     for (int g = 0; g < group; ++g) {
+                       const float* qh = q.data() + (r * hq + kvh * group + g) * d;
+                       for (int64_t t = 0; t < cnt; ++t)
+                         scores[g * n + t0 + t] = dot(qh, keys + t * d, d) * scale;
+                     }
+                   }
+                   for (int g = 0; g < group; ++g) {
+                     float* sc = scores.data() + g * n;
+                     float mx = sc[0];
+                     for (int64_t t = 1; t < n; ++t) mx = std::max(mx, sc[t]);
+                     float sum = 0.0f;
+                     for (int64_t t = 0; t < n; ++t) {
+                       sc[t] = std::exp(sc[t] - mx);
+                       sum += sc[t];
+                     }
+                     for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] / sum;
+                   }
+                   std::fill(acc.begin(), acc.end(), 0.0f);
+                   for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+                     const int64_t cnt = std::min(kBlock, n - t0);
+                     const float* values = load_rows(a.cache.v, t0, cnt, kvh, d, block.data());
+                     for (int g = 0; g < group; ++g) {
+                       const float* sc = scores.data() + g * n + t0;
+                       float* ag = acc.data() + int64_t{g} * d;
+                       for (int64_t t = 0; t < cnt; ++t) {
+                         const float p = sc[t];
+                         const float* v = values + t * d;
+                         for (int i = 0; i < d; ++i) ag[i] += p * v[i];
+                       }
+                     }
+                   }
+                   for (int g = 0; g < group; ++g) {
+                     const int h = kvh * group + g;
+                     const float* gate = a.qg.row<float>(r) + int64_t{h} * 2 * d + d;
+                     float* o = a.out.row<float>(r) + int64_t{h} * d;
+                     const float* ag = acc.data() + int64_t{g} * d;
+                     for (int i = 0; i < d; ++i) o[i] = ag[i] * sigmoid(gate[i]);
+                   }
+                 }
+               });
+}
+
+}  // namespace pd::cpu

@@ -1,0 +1,425 @@
+#include "puredrive/backend/cpu/cpu_backend.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "puredrive/backend/cpu/cpu_ops.h"
+#include "puredrive/backend/cpu/kernels.h"
+#include "puredrive/util/thread_pool.h"
+
+namespace pd {
+namespace {
+
+// ---- Argument validation: every failure names the op, the argument, what was expected and what was found.
+
+Status check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype, int64_t rows,
+                    int64_t cols) {
+  if (t.empty()) return make_error(ErrorCode::kInvalidArgument, "{}: {} is empty", op, arg);
+  if (t.device != Device::kCpu)
+    return make_error(ErrorCode::kInvalidArgument, "{}: {} is not CPU memory", op, arg);
+  if (t.dtype != dtype) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: {} has dtype {}, expected {}", op, arg,
+                      dtype_name(t.dtype), dtype_name(dtype));
+  }
+  if ((rows >= 0 && t.rows != rows) || (cols >= 0 && t.cols != cols)) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: {} is [{}, {}], expected [{}, {}]", op, arg, t.rows,
+                      t.cols, rows, cols);
+  }
+  if (t.stride < t.cols) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: {} has row stride {} < cols {}", op, arg, t.stride,
+                      t.cols);
+  }
+  return Status::ok();
+}
+
+Status check_kv(const char* op, const char* arg, const Tensor& t, int64_t cols) {
+  if (t.empty()) return make_error(ErrorCode::kInvalidArgument, "{}: {} is empty", op, arg);
+  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: {} has dtype {}, expected F32 or BF16", op, arg,
+                      dtype_name(t.dtype));
+  }
+  if (t.cols != cols || !t.contiguous()) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: {} is [{}, {}] (stride {}), expected contiguous [T, {}]", op, arg, t.rows, t.cols,
+                      t.stride, cols);
+  }
+  return Status::ok();
+}
+
+Status check_positions(const char* op, const Tensor& positions, int64_t rows, int64_t capacity) {
+  PD_TRY(check_tensor(op, "positions", positions, DType::kI32, rows, 1));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t p = *positions.row<int32_t>(r);
+    if (p < 0 || p >= capacity) {
+      return make_error(ErrorCode::kInvalidArgument, "{}: position {} of row {} is outside the cache [0, {})",
+                        op, p, r, capacity);
+    }
+  }
+  return Status::ok();
+}
+
+Status check_matrix(const char* op, const Matrix& m, int64_t rows, int64_t cols) {
+  if ((rows >= 0 && m.rows != rows) || (cols >= 0 && m.cols != cols)) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: weight {} is [{}, {}], expected [{}, {}]", op, m.name,
+                      m.rows, m.cols, rows, cols);
+  }
+  return Status::ok();
+}
+
+Status validate_matrix(const Matrix& m) {
+  if (m.empty() || m.rows <= 0 || m.cols <= 0) {
+    return make_error(ErrorCode::kInvalidArgument, "bind_matrix: {} is empty ([{}, {}])", m.name, m.rows,
+                      m.cols);
+  }
+  if (m.format == WeightFormat::kAffine) {
+    if (m.bits < 2 || m.bits > 8) {
+      return make_error(ErrorCode::kUnsupported, "bind_matrix: {} has {} bits, supported 2..8", m.name,
+                        m.bits);
+    }
+    if (m.group_size <= 0 || m.group_size % 32 != 0 || m.cols % m.group_size != 0) {
+      return make_error(
+          ErrorCode::kUnsupported,
+          "bind_matrix: {} has group size {} for {} columns; need a multiple of 32 dividing the columns",
+          m.name, m.group_size, m.cols);
+    }
+    if (m.scales == nullptr || m.biases == nullptr) {
+      return make_error(ErrorCode::kInvalidArgument, "bind_matrix: {} is affine but has no scales/biases",
+                        m.name);
+    }
+    if (m.scale_dtype != DType::kBF16 && m.scale_dtype != DType::kF16 && m.scale_dtype != DType::kF32) {
+      return make_error(ErrorCode::kUnsupported, "bind_matrix: {} has scales of dtype {}", m.name,
+                        dtype_name(m.scale_dtype));
+    }
+  }
+  return Status::ok();
+}
+
+// MemAvailable from /proc/meminfo (bytes); a large value when it cannot be read.
+int64_t mem_available() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return int64_t{1} << 50;
+  char line[256];
+  int64_t kb = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %ld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb < 0 ? int64_t{1} << 50 : kb * 1024;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& options)
+      : pool_(options.threads),
+        ex_{.pool = &pool_, .min_parallel_work = static_cast<double>(options.min_parallel_work)} {}
+
+  Device device() const override { return Device::kCpu; }
+  std::string name() const override {
+    return fmt::format("cpu ({} threads, {})", pool_.size(), cpu::has_avx2() ? "avx2+fma" : "portable");
+  }
+
+  Expected<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) override {
+    if (rows < 0 || cols < 0) {
+      return make_error(ErrorCode::kInvalidArgument, "alloc: negative shape [{}, {}]", rows, cols);
+    }
+    const size_t bytes = static_cast<size_t>(rows * cols) * dtype_size(dtype);
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (p == nullptr) {
+      return make_error(ErrorCode::kOutOfMemory, "alloc: cannot allocate {} bytes ([{}, {}] {})", bytes, rows,
+                        cols, dtype_name(dtype));
+    }
+    std::memset(p, 0, rounded == 0 ? 64 : rounded);
+    Tensor t{.data = p, .dtype = dtype, .rows = rows, .cols = cols, .stride = cols, .device = Device::kCpu};
+    return Buffer(t, std::shared_ptr<void>(p, std::free));
+  }
+
+  Status upload(const Tensor& dst, const void* src) override {
+    copy_rows(dst, src, /*to_host=*/false);
+    return Status::ok();
+  }
+  Status download(void* dst, const Tensor& src) override {
+    copy_rows(src, dst, /*to_host=*/true);
+    return Status::ok();
+  }
+  Status copy(const Tensor& dst, const Tensor& src) override {
+    if (dst.dtype != src.dtype || dst.rows != src.rows || dst.cols != src.cols) {
+      return make_error(ErrorCode::kInvalidArgument, "copy: [{}, {}] {} into [{}, {}] {}", src.rows, src.cols,
+                        dtype_name(src.dtype), dst.rows, dst.cols, dtype_name(dst.dtype));
+    }
+    const size_t row_bytes = static_cast<size_t>(src.cols) * dtype_size(src.dtype);
+    for (int64_t r = 0; r < src.rows; ++r) std::memcpy(row_ptr(dst, r), row_ptr(src, r), row_bytes);
+    return Status::ok();
+  }
+  Status fill_zero(const Tensor& dst) override {
+    const size_t row_bytes = static_cast<size_t>(dst.cols) * dtype_size(dst.dtype);
+    for (int64_t r = 0; r < dst.rows; ++r) std::memset(row_ptr(dst, r), 0, row_bytes);
+    return Status::ok();
+  }
+  Status synchronize() override { return Status::ok(); }
+  int64_t available_memory() const override { return mem_available(); }
+
+  Expected<MatrixId> bind_matrix(const Matrix& m) override {
+    PD_TRY(validate_matrix(m));
+    matrices_.push_back(m);
+    bound_bytes_ += cpu::matrix_bytes(m);
+    return MatrixId{static_cast<int32_t>(matrices_.size() - 1)};
+  }
+  Expected<VectorId> bind_vector(std::span<const float> v, const std::string& name) override {
+    if (v.empty()) return make_error(ErrorCode::kInvalidArgument, "bind_vector: {} is empty", name);
+    vectors_.emplace_back(v.begin(), v.end());
+    bound_bytes_ += static_cast<int64_t>(v.size() * sizeof(float));
+    return VectorId{static_cast<int32_t>(vectors_.size() - 1)};
+  }
+  Expected<MoeId> bind_moe(const MoeWeights& w, const MoeSpec& spec) override;
+  int64_t bound_bytes() const override { return bound_bytes_; }
+
+  Status embed(const EmbedArgs& a) override {
+    PD_ASSIGN_OR_RETURN(const Matrix* table, matrix("embed", a.table));
+    const int64_t rows = a.tokens.rows;
+    PD_TRY(check_tensor("embed", "tokens", a.tokens, DType::kI32, -1, 1));
+    PD_TRY(check_tensor("embed", "out", a.out, DType::kF32, rows, table->cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t id = *a.tokens.row<int32_t>(r);
+      if (id < 0 || id >= table->rows) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "embed: token id {} of row {} is outside the vocabulary [0, {})", id, r,
+                          table->rows);
+      }
+    }
+    cpu::embed(ex_, *table, a.tokens, a.out);
+    return Status::ok();
+  }
+
+  Status rms_norm(const RmsNormArgs& a) override {
+    PD_ASSIGN_OR_RETURN(const std::vector<float>* w, vector("rms_norm", a.weight));
+    const int64_t n = static_cast<int64_t>(w->size());
+    PD_TRY(check_tensor("rms_norm", "x", a.x, DType::kF32, -1, n));
+    PD_TRY(check_tensor("rms_norm", "out", a.out, DType::kF32, a.x.rows, n));
+    cpu::rms_norm(ex_, a.x, w->data(), a.eps, a.out);
+    return Status::ok();
+  }
+
+  Status add(const AddArgs& a) override {
+    PD_TRY(check_tensor("add", "a", a.a, DType::kF32, -1, -1));
+    PD_TRY(check_tensor("add", "b", a.b, DType::kF32, a.a.rows, a.a.cols));
+    PD_TRY(check_tensor("add", "out", a.out, DType::kF32, a.a.rows, a.a.cols));
+    cpu::add(ex_, a.a, a.b, a.out);
+    return Status::ok();
+  }
+
+  Status matmul(const MatmulArgs& a) override {
+    PD_ASSIGN_OR_RETURN(const Matrix* w, matrix("matmul", a.w));
+    PD_TRY(check_tensor("matmul", "x", a.x, DType::kF32, -1, w->cols));
+    PD_TRY(check_tensor("matmul", "out", a.out, DType::kF32, a.x.rows, w->rows));
+    cpu::matmul(ex_, *w, a.x, a.out, a.accum);
+    return Status::ok();
+  }
+
+  Status gated_attention(const GatedAttentionArgs& a) override {
+    const AttentionDims& d = a.dims;
+    if (d.num_heads <= 0 || d.num_kv_heads <= 0 || d.num_heads % d.num_kv_heads != 0 || d.head_dim <= 0 ||
+        d.rotary_dim < 0 || d.rotary_dim > d.head_dim || d.rotary_dim % 2 != 0) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "gated_attention: bad dims (heads {}, kv heads {}, head dim {}, rotary dim {})",
+                        d.num_heads, d.num_kv_heads, d.head_dim, d.rotary_dim);
+    }
+    const int64_t rows = a.qg.rows;
+    const int64_t q_width = int64_t{d.num_heads} * d.head_dim;
+    const int64_t kv_width = int64_t{d.num_kv_heads} * d.head_dim;
+    PD_TRY(check_tensor("gated_attention", "qg", a.qg, DType::kF32, -1, 2 * q_width));
+    PD_TRY(check_tensor("gated_attention", "k", a.k, DType::kF32, rows, kv_width));
+    PD_TRY(check_tensor("gated_attention", "v", a.v, DType::kF32, rows, kv_width));
+    PD_TRY(check_tensor("gated_attention", "out", a.out, DType::kF32, rows, q_width));
+    PD_TRY(check_kv("gated_attention", "cache.k", a.cache.k, kv_width));
+    PD_TRY(check_kv("gated_attention", "cache.v", a.cache.v, kv_width));
+    if (a.cache.k.rows != a.cache.v.rows || a.cache.k.dtype != a.cache.v.dtype) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "gated_attention: cache.k and cache.v differ in shape or dtype");
+    }
+    PD_TRY(check_positions("gated_attention", a.positions, rows, a.cache.k.rows));
+    if (a.kv_length != 0 && a.kv_length != *a.positions.row<int32_t>(rows - 1) + 1) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "gated_attention: kv_length {} but the last row's position is {}", a.kv_length,
+                        *a.positions.row<int32_t>(rows - 1));
+    }
+    PD_ASSIGN_OR_RETURN(const std::vector<float>* qn, vector("gated_attention", a.q_norm, d.head_dim));
+    PD_ASSIGN_OR_RETURN(const std::vector<float>* kn, vector("gated_attention", a.k_norm, d.head_dim));
+    cpu::gated_attention(ex_, a, qn->data(), kn->data());
+    return Status::ok();
+  }
+
+  Status gated_delta_net(const GatedDeltaNetArgs& a) override {
+    const GdnDims& d = a.dims;
+    if (d.num_k_heads <= 0 || d.num_v_heads <= 0 || d.num_v_heads % d.num_k_heads != 0 || d.k_head_dim <= 0 ||
+        d.v_head_dim <= 0 || d.conv_kernel < 1) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "gated_delta_net: bad dims (k heads {}, v heads {}, k dim {}, v dim {}, kernel {})",
+                        d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel);
+    }
+    const int64_t rows = a.qkv.rows;
+    const int64_t key_dim = int64_t{d.num_k_heads} * d.k_head_dim;
+    const int64_t value_dim = int64_t{d.num_v_heads} * d.v_head_dim;
+    const int64_t channels = 2 * key_dim + value_dim;
+    const int64_t state_size = int64_t{d.num_v_heads} * d.k_head_dim * d.v_head_dim;
+    PD_TRY(check_tensor("gated_delta_net", "qkv", a.qkv, DType::kF32, -1, channels));
+    PD_TRY(check_tensor("gated_delta_net", "z", a.z, DType::kF32, rows, value_dim));
+    PD_TRY(check_tensor("gated_delta_net", "b", a.b, DType::kF32, rows, d.num_v_heads));
+    PD_TRY(check_tensor("gated_delta_net", "a", a.a, DType::kF32, rows, d.num_v_heads));
+    PD_TRY(check_tensor("gated_delta_net", "out", a.out, DType::kF32, rows, value_dim));
+    PD_TRY(check_tensor("gated_delta_net", "state.conv", a.state.conv, DType::kF32, d.conv_kernel - 1,
+                        channels));
+    PD_TRY(check_tensor("gated_delta_net", "state.recurrent", a.state.recurrent, DType::kF32, d.num_v_heads,
+                        int64_t{d.k_head_dim} * d.v_head_dim));
+    if (!a.state.conv.contiguous() || !a.state.recurrent.contiguous()) {
+      return make_error(ErrorCode::kInvalidArgument, "gated_delta_net: state tensors must be contiguous");
+    }
+    if (!a.snapshots.empty()) {
+      PD_TRY(check_tensor("gated_delta_net", "snapshots.conv", a.snapshots.conv, DType::kF32, -1,
+                          (d.conv_kernel - 1) * channels));
+      PD_TRY(check_tensor("gated_delta_net", "snapshots.recurrent", a.snapshots.recurrent, DType::kF32,
+                          a.snapshots.conv.rows, state_size));
+      if (a.snapshots.conv.rows < rows) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "gated_delta_net: {} snapshot rows for a step of {} rows", a.snapshots.conv.rows,
+                          rows);
+      }
+    }
+    cpu::GdnVectors v;
+    PD_ASSIGN_OR_RETURN(const std::vector<float>* conv1d,
+                        vector("gated_delta_net", a.conv1d, channels * d.conv_kernel));
+    PD_ASSIGN_OR_RETURN(const std::vector<float>* a_log, vector("gated_delta_net", a.A_log, d.num_v_heads));
+    PD_ASSIGN_OR_RETURN(const std::vector<float>* dt_bias,
+                        vector("gated_delta_net", a.dt_bias, d.num_v_heads));
+    PD_ASSIGN_OR_RETURN(const std::vector<float>* norm, vector("gated_delta_net", a.norm, d.v_head_dim));
+    v.conv1d = *conv1d;
+    v.A_log = *a_log;
+    v.dt_bias = *dt_bias;
+    v.norm = *norm;
+    cpu::gated_delta_net(ex_, a, v);
+    return Status::ok();
+  }
+
+  Status moe(const MoeArgs& a) override {
+    if (a.moe.index < 0 || a.moe.index >= static_cast<int32_t>(moes_.size())) {
+      return make_error(ErrorCode::kInvalidArgument, "moe: unbound MoE handle {}", a.moe.index);
+    }
+    const cpu::BoundMoe& m = moes_[static_cast<size_t>(a.moe.index)];
+    PD_TRY(check_tensor("moe", "x", a.x, DType::kF32, -1, m.hidden));
+    PD_TRY(check_tensor("moe", "out", a.out, DType::kF32, a.x.rows, m.hidden));
+    if (a.x.data == a.out.data) return make_error(ErrorCode::kInvalidArgument, "moe: out aliases x");
+    cpu::moe(ex_, m, a.x, a.out);
+    return Status::ok();
+  }
+
+  Status argmax(const ArgmaxArgs& a) override {
+    PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
+    PD_TRY(check_tensor("argmax", "out", a.out, DType::kI32, a.x.rows, 1));
+    cpu::argmax(a.x, a.out);
+    return Status::ok();
+  }
+
+ private:
+  static uint8_t* row_ptr(const Tensor& t, int64_t r) {
+    return static_cast<uint8_t*>(t.data) + r * t.stride * static_cast<int64_t>(dtype_size(t.dtype));
+  }
+  static void copy_rows(const Tensor& t, const void* host, bool to_host) {
+    const size_t row_bytes = static_cast<size_t>(t.cols) * dtype_size(t.dtype);
+    for (int64_t r = 0; r < t.rows; ++r) {
+      uint8_t* dev = row_ptr(t, r);
+      const uint8_t* h = static_cast<const uint8_t*>(host) + static_cast<size_t>(r) * row_bytes;
+      if (to_host) {
+        std::memcpy(const_cast<uint8_t*>(h), dev, row_bytes);
+      } else {
+        std::memcpy(dev, h, row_bytes);
+      }
+    }
+  }
+
+  Expected<const Matrix*> matrix(const char* op, MatrixId id) const {
+    if (id.index < 0 || id.index >= static_cast<int32_t>(matrices_.size())) {
+      return make_error(ErrorCode::kInvalidArgument, "{}: unbound matrix handle {}", op, id.index);
+    }
+    return &matrices_[static_cast<size_t>(id.index)];
+  }
+  Expected<const std::vector<float>*> vector(const char* op, VectorId id, int64_t expected_size = -1) const {
+    if (id.index < 0 || id.index >= static_cast<int32_t>(vectors_.size())) {
+      return make_error(ErrorCode::kInvalidArgument, "{}: unbound vector handle {}", op, id.index);
+    }
+    const std::vector<float>* v = &vectors_[static_cast<size_t>(id.index)];
+    if (expected_size >= 0 && static_cast<int64_t>(v->size()) != expected_size) {
+      return make_error(ErrorCode::kInvalidArgument, "{}: vector {} has {} elements, expected {}", op,
+                        id.index, v->size(), expected_size);
+    }
+    return v;
+  }
+
+  ThreadPool pool_;
+  cpu::Exec ex_;
+  std::vector<Matrix> matrices_;
+  std::deque<std::vector<float>> vectors_;
+  std::vector<cpu::BoundMoe> moes_;
+  int64_t bound_bytes_ = 0;
+};
+
+Expected<MoeId> CpuBackend::bind_moe(const MoeWeights& w, const MoeSpec& spec) {
+  const size_t num_experts = w.gate_proj.size();
+  if (num_experts == 0 || w.up_proj.size() != num_experts || w.down_proj.size() != num_experts) {
+    return make_error(ErrorCode::kInvalidArgument, "bind_moe: {} gate, {} up and {} down expert matrices",
+                      w.gate_proj.size(), w.up_proj.size(), w.down_proj.size());
+  }
+  const int64_t hidden = w.gate.cols;
+  const int64_t inter = w.gate_proj[0].rows;
+  PD_TRY(validate_matrix(w.gate));
+  PD_TRY(check_matrix("bind_moe", w.gate, static_cast<int64_t>(num_experts), hidden));
+  if (spec.num_experts_per_tok <= 0 || spec.num_experts_per_tok > static_cast<int>(num_experts)) {
+    return make_error(ErrorCode::kInvalidArgument, "bind_moe: num_experts_per_tok {} with {} experts",
+                      spec.num_experts_per_tok, num_experts);
+  }
+  for (size_t e = 0; e < num_experts; ++e) {
+    PD_TRY(validate_matrix(w.gate_proj[e]));
+    PD_TRY(validate_matrix(w.up_proj[e]));
+    PD_TRY(validate_matrix(w.down_proj[e]));
+    PD_TRY(check_matrix("bind_moe", w.gate_proj[e], inter, hidden));
+    PD_TRY(check_matrix("bind_moe", w.up_proj[e], inter, hidden));
+    PD_TRY(check_matrix("bind_moe", w.down_proj[e], hidden, inter));
+  }
+  const int64_t shared = w.shared_gate_proj.rows;
+  for (const Matrix* m :
+       {&w.shared_gate_proj, &w.shared_up_proj, &w.shared_down_proj, &w.shared_expert_gate}) {
+    PD_TRY(validate_matrix(*m));
+  }
+  PD_TRY(check_matrix("bind_moe", w.shared_gate_proj, shared, hidden));
+  PD_TRY(check_matrix("bind_moe", w.shared_up_proj, shared, hidden));
+  PD_TRY(check_matrix("bind_moe", w.shared_down_proj, hidden, shared));
+  PD_TRY(check_matrix("bind_moe", w.shared_expert_gate, 1, hidden));
+  cpu::BoundMoe b;
+  b.w = w;
+  b.spec = spec;
+  b.num_experts = static_cast<int>(num_experts);
+  b.hidden = static_cast<int>(hidden);
+  b.intermediate = static_cast<int>(inter);
+  b.shared_intermediate = static_cast<int>(shared);
+  int64_t bytes = cpu::matrix_bytes(w.gate) + cpu::matrix_bytes(w.shared_gate_proj) +
+                  cpu::matrix_bytes(w.shared_up_proj) + cpu::matrix_bytes(w.shared_down_proj) +
+                  cpu::matrix_bytes(w.shared_expert_gate);
+  for (size_t e = 0; e < num_experts; ++e) {
+    bytes += cpu::matrix_bytes(w.gate_proj[e]) + cpu::matrix_bytes(w.up_proj[e]) +
+             cpu::matrix_bytes(w.down_proj[e]);
+  }
+  bound_bytes_ += bytes;
+  moes_.push_back(std::move(b));
+  return MoeId{static_cast<int32_t>(moes_.size() - 1)};
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace pd

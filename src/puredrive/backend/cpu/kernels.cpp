@@ -1,0 +1,319 @@
+#include "puredrive/backend/cpu/kernels.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "puredrive/util/dtype.h"
+
+namespace pd::cpu {
+namespace {
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PD_X86 1
+#else
+#define PD_X86 0
+#endif
+
+#if PD_X86
+bool detect_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc[0]);
+    acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc[1]);
+    acc[2] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc[2]);
+    acc[3] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc[3]);
+  }
+  // Tail: offset o of the last partial block goes to lane o, as in the portable path. Masked-off lanes add
+  // 0*0 to a partial sum, which leaves it unchanged (a partial sum starting at +0 is never -0).
+  for (int c = 0; c < 4 && i < n; ++c, i += 8) {
+    const int64_t take = n - i < 8 ? n - i : 8;
+    if (take == 8) {
+      acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc[c]);
+    } else {
+      alignas(32) int32_t m[8];
+      for (int l = 0; l < 8; ++l) m[l] = l < take ? -1 : 0;
+      const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(m));
+      acc[c] = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, mask), _mm256_maskload_ps(b + i, mask), acc[c]);
+    }
+  }
+  const __m256 t = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum_canonical(const __m256* acc) {
+  const __m256 t = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+// Two canonical dots sharing the loads of w: each row keeps its own four accumulators, so every result is
+// bitwise dot(x, w). The tail (n % 32) goes through the single-row kernel's order.
+__attribute__((target("avx2,fma"))) void dot2_avx2(const float* x0, const float* x1, const float* w,
+                                                   int64_t n, float* out0, float* out1) {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int c = 0; c < 4; ++c) {
+      const __m256 wv = _mm256_loadu_ps(w + i + 8 * c);
+      a[c] = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + i + 8 * c), wv, a[c]);
+      b[c] = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + i + 8 * c), wv, b[c]);
+    }
+  }
+  for (int c = 0; c < 4 && i < n; ++c, i += 8) {
+    alignas(32) float t0[8] = {}, t1[8] = {}, tw[8] = {};
+    const int64_t take = n - i < 8 ? n - i : 8;
+    for (int64_t l = 0; l < take; ++l) {
+      t0[l] = x0[i + l];
+      t1[l] = x1[i + l];
+      tw[l] = w[i + l];
+    }
+    const __m256 wv = _mm256_load_ps(tw);
+    a[c] = _mm256_fmadd_ps(_mm256_load_ps(t0), wv, a[c]);
+    b[c] = _mm256_fmadd_ps(_mm256_load_ps(t1), wv, b[c]);
+  }
+  *out0 = hsum_canonical(a);
+  *out1 = hsum_canonical(b);
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 bf16x8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx2,fma"))) float dot_bf16_avx2(const float* a, const uint16_t* b, int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), bf16x8(b + i), acc[0]);
+    acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), bf16x8(b + i + 8), acc[1]);
+    acc[2] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), bf16x8(b + i + 16), acc[2]);
+    acc[3] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), bf16x8(b + i + 24), acc[3]);
+  }
+  // Tail as in dot_avx2: zero-filled lanes add 0*0 and leave the partial sums unchanged.
+  for (int c = 0; c < 4 && i < n; ++c, i += 8) {
+    alignas(32) float ta[8] = {};
+    alignas(16) uint16_t tb[8] = {};
+    const int64_t take = n - i < 8 ? n - i : 8;
+    for (int64_t l = 0; l < take; ++l) {
+      ta[l] = a[i + l];
+      tb[l] = b[i + l];
+    }
+    acc[c] = _mm256_fmadd_ps(_mm256_load_ps(ta), bf16x8(tb), acc[c]);
+  }
+  const __m256 t = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void f16_row_avx2(const uint16_t* src, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  for (; i < n; ++i) out[i] = f16_to_f32(src[i]);
+}
+#else
+bool detect_avx2() {
+  return false;
+}
+#endif
+
+const bool kHasAvx2 = detect_avx2();
+
+float scale_value(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+// Decodes 32 consecutive b-bit codes that start at a word boundary (b words).
+void unpack32(const uint32_t* words, int bits, uint32_t* codes) {
+  const uint32_t mask = (1u << bits) - 1u;
+  if (bits == 4) {
+    for (int w = 0; w < 4; ++w) {
+      for (int k = 0; k < 8; ++k) codes[w * 8 + k] = (words[w] >> (4 * k)) & mask;
+    }
+    return;
+  }
+  if (bits == 8) {
+    for (int w = 0; w < 8; ++w) {
+      for (int k = 0; k < 4; ++k) codes[w * 4 + k] = (words[w] >> (8 * k)) & mask;
+    }
+    return;
+  }
+  uint32_t tmp[9] = {};
+  std::memcpy(tmp, words, static_cast<size_t>(bits) * sizeof(uint32_t));
+  for (int j = 0; j < 32; ++j) {
+    const int pos = j * bits;
+    const uint64_t window =
+        static_cast<uint64_t>(tmp[pos >> 5]) | (static_cast<uint64_t>(tmp[(pos >> 5) + 1]) << 32);
+    codes[j] = static_cast<uint32_t>(window >> (pos & 31)) & mask;
+  }
+}
+
+void dequantize_affine_row(const Matrix& m, int64_t r, float* out) {
+  const int64_t words_per_row = m.cols * m.bits / 32;
+  const int64_t groups = m.cols / m.group_size;
+  const uint32_t* row = static_cast<const uint32_t*>(m.data) + r * words_per_row;
+  uint32_t codes[32];
+  for (int64_t g = 0; g < groups; ++g) {
+    const float scale = scale_value(m.scales, m.scale_dtype, r * groups + g);
+    const float bias = scale_value(m.biases, m.scale_dtype, r * groups + g);
+    for (int64_t c = 0; c < m.group_size; c += 32) {
+      const int64_t col = g * m.group_size + c;
+      unpack32(row + col * m.bits / 32, m.bits, codes);
+      for (int j = 0; j < 32; ++j) {
+        const float product = scale * static_cast<float>(codes[j]);
+        out[col + j] = product + bias;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool has_avx2() {
+  return kHasAvx2;
+}
+
+float dot_portable(const float* a, const float* b, int64_t n) {
+  float acc[32] = {};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int l = 0; l < 32; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+  }
+  for (int64_t o = 0; i + o < n; ++o) acc[o] = std::fma(a[i + o], b[i + o], acc[o]);
+  float t[8];
+  for (int l = 0; l < 8; ++l) t[l] = (acc[l] + acc[8 + l]) + (acc[16 + l] + acc[24 + l]);
+  float s4[4];
+  for (int l = 0; l < 4; ++l) s4[l] = t[l] + t[l + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+#if PD_X86
+  if (kHasAvx2) return dot_avx2(a, b, n);
+#endif
+  return dot_portable(a, b, n);
+}
+
+float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
+#if PD_X86
+  if (kHasAvx2) return dot_bf16_avx2(a, b, n);
+#endif
+  float acc[32] = {};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int l = 0; l < 32; ++l) acc[l] = std::fma(a[i + l], bf16_to_f32(b[i + l]), acc[l]);
+  }
+  for (int64_t o = 0; i + o < n; ++o) acc[o] = std::fma(a[i + o], bf16_to_f32(b[i + o]), acc[o]);
+  float t[8];
+  for (int l = 0; l < 8; ++l) t[l] = (acc[l] + acc[8 + l]) + (acc[16 + l] + acc[24 + l]);
+  float s4[4];
+  for (int l = 0; l < 4; ++l) s4[l] = t[l] + t[l + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+void dot2(const float* x0, const float* x1, const float* w, int64_t n, float* out0, float* out1) {
+#if PD_X86
+  if (kHasAvx2) {
+    dot2_avx2(x0, x1, w, n, out0, out1);
+    return;
+  }
+#endif
+  *out0 = dot_portable(x0, w, n);
+  *out1 = dot_portable(x1, w, n);
+}
+
+void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, float* out,
+             int64_t out_stride, float* buf) {
+  if (m.format == WeightFormat::kBF16 && count <= 1) {
+    const uint16_t* w = static_cast<const uint16_t*>(m.data) + r * m.cols;
+    for (int64_t i = 0; i < count; ++i) out[i * out_stride] = dot_bf16(xs[i], w, m.cols);
+    return;
+  }
+  const float* w = matrix_row(m, r, buf);
+  int64_t i = 0;
+  for (; i + 2 <= count; i += 2)
+    dot2(xs[i], xs[i + 1], w, m.cols, &out[i * out_stride], &out[(i + 1) * out_stride]);
+  for (; i < count; ++i) out[i * out_stride] = dot(xs[i], w, m.cols);
+}
+
+uint32_t affine_code(const Matrix& m, int64_t r, int64_t j) {
+  const int64_t words_per_row = m.cols * m.bits / 32;
+  const uint32_t* row = static_cast<const uint32_t*>(m.data) + r * words_per_row;
+  const int64_t pos = j * m.bits;
+  uint64_t window = row[pos >> 5];
+  if ((pos & 31) + m.bits > 32) window |= static_cast<uint64_t>(row[(pos >> 5) + 1]) << 32;
+  return static_cast<uint32_t>(window >> (pos & 31)) & ((1u << m.bits) - 1u);
+}
+
+void dequantize_row(const Matrix& m, int64_t r, float* out) {
+  switch (m.format) {
+    case WeightFormat::kF32:
+      std::memcpy(out, static_cast<const float*>(m.data) + r * m.cols,
+                  static_cast<size_t>(m.cols) * sizeof(float));
+      return;
+    case WeightFormat::kBF16: {
+      const uint16_t* src = static_cast<const uint16_t*>(m.data) + r * m.cols;
+      for (int64_t i = 0; i < m.cols; ++i) out[i] = bf16_to_f32(src[i]);
+      return;
+    }
+    case WeightFormat::kF16: {
+      const uint16_t* src = static_cast<const uint16_t*>(m.data) + r * m.cols;
+#if PD_X86
+      if (kHasAvx2) {
+        f16_row_avx2(src, out, m.cols);
+        return;
+      }
+#endif
+      for (int64_t i = 0; i < m.cols; ++i) out[i] = f16_to_f32(src[i]);
+      return;
+    }
+    case WeightFormat::kAffine:
+      dequantize_affine_row(m, r, out);
+      return;
+  }
+}
+
+int64_t matrix_bytes(const Matrix& m) {
+  switch (m.format) {
+    case WeightFormat::kF32:
+      return m.rows * m.cols * 4;
+    case WeightFormat::kF16:
+    case WeightFormat::kBF16:
+      return m.rows * m.cols * 2;
+    case WeightFormat::kAffine:
+      return m.rows * m.cols * m.bits / 8 +
+             2 * m.rows * (m.cols / m.group_size) * static_cast<int64_t>(dtype_size(m.scale_dtype));
+  }
+  return 0;
+}
+
+const float* matrix_row(const Matrix& m, int64_t r, float* buf) {
+  if (m.format == WeightFormat::kF32) return static_cast<const float*>(m.data) + r * m.cols;
+  dequantize_row(m, r, buf);
+  return buf;
+}
+
+}  // namespace pd::cpu

@@ -1,0 +1,57 @@
+// Low-level CPU kernels shared by the ops: the canonical dot product and row dequantisation.
+//
+// Every reduction of the CPU backend goes through dot(), whose summation order is fixed by n alone: element i
+// is accumulated with a fused multiply-add into partial sum (i mod 32) (the tail continues the same lane
+// numbering from lane 0), and the 32 partial sums are combined by one fixed tree. The AVX2+FMA path and the
+// portable path implement exactly this order, so results are bitwise identical whichever runs, whatever the
+// number of rows or threads.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "puredrive/checkpoint/weights.h"
+
+namespace pd::cpu {
+
+// sum_i a[i] * b[i] in the canonical order.
+float dot(const float* a, const float* b, int64_t n);
+// The portable implementation of the same order (exposed for tests).
+float dot_portable(const float* a, const float* b, int64_t n);
+// dot(x0, w) and dot(x1, w) with shared loads of w, each bitwise the canonical dot.
+void dot2(const float* x0, const float* x1, const float* w, int64_t n, float* out0, float* out1);
+// dot(a, bf16 -> f32 of b) with b converted on the fly; bitwise equal to converting b first (the conversion
+// is exact and the order is the canonical one).
+float dot_bf16(const float* a, const uint16_t* b, int64_t n);
+// Dot products of weight row r of m with each of the vectors xs[0..count), into out[i * out_stride]. Fuses
+// the conversion for bf16 rows with few vectors, otherwise dequantises once into buf (m.cols floats); every
+// variant gives the canonical dot's bits.
+void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, float* out,
+             int64_t out_stride, float* buf);
+// True when the AVX2+FMA paths are in use.
+bool has_avx2();
+
+// Row r of m as f32: for f32 matrices a pointer into the weights, otherwise row r dequantised into buf
+// (m.cols floats). MLX affine: w = scale * q + bias in f32 (one product, one sum, no fused rounding).
+const float* matrix_row(const Matrix& m, int64_t r, float* buf);
+void dequantize_row(const Matrix& m, int64_t r, float* out);
+// Bytes of m read by one pass (codes + scales + biases for affine).
+int64_t matrix_bytes(const Matrix& m);
+
+// The unsigned code j (0 <= j < m.cols) of row r of an affine matrix: bits [j*b, (j+1)*b) of the row's
+// little-endian bit stream.
+uint32_t affine_code(const Matrix& m, int64_t r, int64_t j);
+
+// Numerically shared helpers (one definition so every op rounds the same way).
+inline float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+inline float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
+// PyTorch's softplus (beta 1, threshold 20).
+inline float softplus(float x) {
+  return x > 20.0f ? x : std::log1p(std::exp(x));
+}
+
+}  // namespace pd::cpu

@@ -1,0 +1,104 @@
+// The canonical dot product (both code paths, one order) and row dequantisation in every stored format.
+#include "puredrive/backend/cpu/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include "puredrive/backend/cpu/test_util.h"
+
+namespace pd {
+namespace {
+
+TEST(Kernels, DotPathsAreBitwiseEqualAndAccurate) {
+  std::mt19937 rng(1);
+  for (int64_t n : {0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 1000, 2048, 2051}) {
+    const auto a = test::random_vector(rng, static_cast<size_t>(n));
+    const auto b = test::random_vector(rng, static_cast<size_t>(n));
+    const float fast = cpu::dot(a.data(), b.data(), n);
+    const float portable = cpu::dot_portable(a.data(), b.data(), n);
+    EXPECT_EQ(std::memcmp(&fast, &portable, sizeof(float)), 0)
+        << "n=" << n << " " << fast << " vs " << portable;
+    double ref = 0, mag = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ref += static_cast<double>(a[static_cast<size_t>(i)]) * b[static_cast<size_t>(i)];
+      mag += std::abs(static_cast<double>(a[static_cast<size_t>(i)]) * b[static_cast<size_t>(i)]);
+    }
+    EXPECT_NEAR(fast, ref, 1e-6 * mag + 1e-30) << "n=" << n;
+  }
+}
+
+TEST(Kernels, TwoRowDotEqualsTwoDots) {
+  std::mt19937 rng(5);
+  for (int64_t n : {1, 7, 32, 45, 64, 96, 1000, 1030}) {
+    const auto x0 = test::random_vector(rng, static_cast<size_t>(n));
+    const auto x1 = test::random_vector(rng, static_cast<size_t>(n));
+    const auto w = test::random_vector(rng, static_cast<size_t>(n));
+    float a = 0, b = 0;
+    cpu::dot2(x0.data(), x1.data(), w.data(), n, &a, &b);
+    const float ra = cpu::dot(x0.data(), w.data(), n), rb = cpu::dot(x1.data(), w.data(), n);
+    EXPECT_EQ(std::memcmp(&a, &ra, 4), 0) << "n=" << n;
+    EXPECT_EQ(std::memcmp(&b, &rb, 4), 0) << "n=" << n;
+  }
+}
+
+TEST(Kernels, FusedBf16DotEqualsConvertThenDot) {
+  std::mt19937 rng(4);
+  for (int64_t n : {1, 5, 8, 31, 32, 40, 64, 100, 1027}) {
+    const auto a = test::random_vector(rng, static_cast<size_t>(n));
+    const auto w = test::random_vector(rng, static_cast<size_t>(n));
+    std::vector<uint16_t> b(w.size());
+    std::vector<float> bf(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      b[i] = f32_to_bf16(w[i]);
+      bf[i] = bf16_to_f32(b[i]);
+    }
+    const float fused = cpu::dot_bf16(a.data(), b.data(), n);
+    const float plain = cpu::dot(a.data(), bf.data(), n);
+    EXPECT_EQ(std::memcmp(&fused, &plain, sizeof(float)), 0) << "n=" << n;
+  }
+}
+
+TEST(Kernels, DequantizeEveryFormatExactly) {
+  std::mt19937 rng(2);
+  struct Case {
+    WeightFormat f;
+    int bits, gs;
+    DType sd;
+  };
+  std::vector<Case> cases = {{WeightFormat::kF32, 0, 0, DType::kBF16},
+                             {WeightFormat::kF16, 0, 0, DType::kBF16},
+                             {WeightFormat::kBF16, 0, 0, DType::kBF16}};
+  for (int bits = 2; bits <= 8; ++bits) {
+    for (int gs : {32, 64, 128}) cases.push_back({WeightFormat::kAffine, bits, gs, DType::kBF16});
+  }
+  cases.push_back({WeightFormat::kAffine, 4, 64, DType::kF16});
+  cases.push_back({WeightFormat::kAffine, 6, 32, DType::kF32});
+  for (const Case& c : cases) {
+    const int64_t rows = 5, cols = 256;
+    auto m = test::make_matrix(rng, rows, cols, c.f, c.bits, c.gs, 0.5f, c.sd);
+    std::vector<float> buf(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = cpu::matrix_row(m->m, r, buf.data());
+      ASSERT_EQ(std::memcmp(row, m->reference.data() + r * cols, static_cast<size_t>(cols) * 4), 0)
+          << weight_format_name(c.f) << " bits " << c.bits << " group " << c.gs << " row " << r;
+    }
+  }
+}
+
+TEST(Kernels, AffineCodesStraddlingWords) {
+  std::mt19937 rng(3);
+  for (int bits : {3, 5, 6, 7}) {
+    auto m = test::make_matrix(rng, 2, 64, WeightFormat::kAffine, bits, 32, 0.5f, DType::kF32);
+    const float* s = reinterpret_cast<const float*>(m->scales.data());
+    const float* b = reinterpret_cast<const float*>(m->biases.data());
+    for (int64_t r = 0; r < 2; ++r) {
+      for (int64_t j = 0; j < 64; ++j) {
+        const int64_t g = r * 2 + j / 32;
+        const float w = s[g] * static_cast<float>(cpu::affine_code(m->m, r, j)) + b[g];
+        ASSERT_EQ(w, m->reference[static_cast<size_t>(r * 64 + j)]) << "bits " << bits << " j " << j;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pd

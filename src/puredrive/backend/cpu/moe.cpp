@@ -1,0 +1,156 @@
+// The sparse MoE block (spec §6; HF Qwen3_5MoeSparseMoeBlock with the eager experts implementation).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "puredrive/backend/cpu/cpu_ops.h"
+#include "puredrive/backend/cpu/kernels.h"
+
+namespace pd::cpu {
+namespace {
+
+struct Route {
+  int expert;
+  float weight;
+};
+
+// fp32 softmax over all experts, top-k (ties to the lower id), renormalised when norm_topk_prob; returned in
+// ascending expert id, the order in which HF's index_add_ loop accumulates.
+std::vector<Route> route(const float* logits, int num_experts, const MoeSpec& spec) {
+  std::vector<float> p(static_cast<size_t>(num_experts));
+  float mx = logits[0];
+  for (int e = 1; e < num_experts; ++e) mx = std::max(mx, logits[e]);
+  float sum = 0.0f;
+  for (int e = 0; e < num_experts; ++e) {
+    p[static_cast<size_t>(e)] = std::exp(logits[e] - mx);
+    sum += p[static_cast<size_t>(e)];
+  }
+  for (float& x : p) x = x / sum;
+
+  std::vector<int> order(static_cast<size_t>(num_experts));
+  std::iota(order.begin(), order.end(), 0);
+  const int k = spec.num_experts_per_tok;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int x, int y) {
+    const float px = p[static_cast<size_t>(x)];
+    const float py = p[static_cast<size_t>(y)];
+    return px > py || (px == py && x < y);
+  });
+  std::vector<Route> routes(static_cast<size_t>(k));
+  float top_sum = 0.0f;
+  for (int i = 0; i < k; ++i) top_sum += p[static_cast<size_t>(order[static_cast<size_t>(i)])];
+  for (int i = 0; i < k; ++i) {
+    const int e = order[static_cast<size_t>(i)];
+    const float w = p[static_cast<size_t>(e)];
+    routes[static_cast<size_t>(i)] = {e, spec.norm_topk_prob ? w / top_sum : w};
+  }
+  std::sort(routes.begin(), routes.end(), [](const Route& x, const Route& y) { return x.expert < y.expert; });
+  return routes;
+}
+
+}  // namespace
+
+void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out) {
+  const int64_t rows = x.rows;
+  const int num_experts = m.num_experts;
+  const int k = m.spec.num_experts_per_tok;
+  const int64_t hidden = m.hidden;
+  const int64_t inter = m.intermediate;
+  const int64_t shared_inter = m.shared_intermediate;
+
+  // Router and shared-expert gate logits.
+  std::vector<float> logits(static_cast<size_t>(rows * num_experts));
+  std::vector<float> shared_logit(static_cast<size_t>(rows));
+  const Tensor logits_t{.data = logits.data(), .rows = rows, .cols = num_experts, .stride = num_experts};
+  const Tensor shared_t{.data = shared_logit.data(), .rows = rows, .cols = 1, .stride = 1};
+  matmul(pool, m.w.gate, x, logits_t, Accum::kOverwrite);
+  matmul(pool, m.w.shared_expert_gate, x, shared_t, Accum::kOverwrite);
+
+  // Selected (row, slot) pairs per expert, experts ascending; slot = r * k + i indexes the activations.
+  std::vector<std::vector<Route>> routes(static_cast<size_t>(rows));
+  std::vector<std::vector<int64_t>> users(static_cast<size_t>(num_experts));
+  for (int64_t r = 0; r < rows; ++r) {
+    routes[static_cast<size_t>(r)] = route(logits.data() + r * num_experts, num_experts, m.spec);
+    for (int i = 0; i < k; ++i)
+      users[static_cast<size_t>(routes[static_cast<size_t>(r)][static_cast<size_t>(i)].expert)].push_back(
+          r * k + i);
+  }
+  std::vector<int> used;
+  for (int e = 0; e < num_experts; ++e) {
+    if (!users[static_cast<size_t>(e)].empty()) used.push_back(e);
+  }
+
+  // Phase A: act = silu(x W_gate^T) * (x W_up^T) for every selected (row, expert) and for the shared expert.
+  // One work item per expert output row: its gate and up rows are dequantised once for all rows using it.
+  std::vector<float> act(static_cast<size_t>(rows * k * inter));
+  std::vector<float> shared_act(static_cast<size_t>(rows * shared_inter));
+  const int64_t routed_items = static_cast<int64_t>(used.size()) * inter;
+  std::vector<const float*> xs(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) xs[static_cast<size_t>(r)] = x.row<float>(r);
+  parallel_for(
+      pool, static_cast<size_t>(routed_items + shared_inter), 2.0 * static_cast<double>(hidden),
+      [&](size_t begin, size_t end) {
+        std::vector<float> buf(static_cast<size_t>(hidden));
+        std::vector<const float*> in(static_cast<size_t>(rows * k));
+        std::vector<float> g(static_cast<size_t>(rows * k)), u(g.size());
+        for (size_t it = begin; it < end; ++it) {
+          const int64_t item = static_cast<int64_t>(it);
+          if (item < routed_items) {
+            const int e = used[static_cast<size_t>(item / inter)];
+            const int64_t n = item % inter;
+            const std::vector<int64_t>& slots = users[static_cast<size_t>(e)];
+            const int64_t cnt = static_cast<int64_t>(slots.size());
+            for (int64_t i = 0; i < cnt; ++i)
+              in[static_cast<size_t>(i)] = xs[static_cast<size_t>(slots[static_cast<size_t>(i)] / k)];
+            dot_row(m.w.gate_proj[static_cast<size_t>(e)], n, in.data(), cnt, g.data(), 1, buf.data());
+            dot_row(m.w.up_proj[static_cast<size_t>(e)], n, in.data(), cnt, u.data(), 1, buf.data());
+            for (int64_t i = 0; i < cnt; ++i) {
+              act[static_cast<size_t>(slots[static_cast<size_t>(i)] * inter + n)] =
+                  silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+            }
+          } else {
+            const int64_t n = item - routed_items;
+            dot_row(m.w.shared_gate_proj, n, xs.data(), rows, g.data(), 1, buf.data());
+            dot_row(m.w.shared_up_proj, n, xs.data(), rows, u.data(), 1, buf.data());
+            for (int64_t r = 0; r < rows; ++r) {
+              shared_act[static_cast<size_t>(r * shared_inter + n)] =
+                  silu(g[static_cast<size_t>(r)]) * u[static_cast<size_t>(r)];
+            }
+          }
+        }
+      });
+
+  // Phase B, per output element: routed experts summed in ascending id, then the gated shared expert.
+  std::vector<const float*> shared_in(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) shared_in[static_cast<size_t>(r)] = shared_act.data() + r * shared_inter;
+  const double down_work = static_cast<double>(rows * (k * inter + shared_inter));
+  parallel_for(pool, static_cast<size_t>(hidden), down_work, [&](size_t begin, size_t end) {
+    std::vector<float> buf(static_cast<size_t>(std::max(inter, shared_inter)));
+    std::vector<float> acc(static_cast<size_t>(rows)), y(static_cast<size_t>(rows * k));
+    std::vector<const float*> in(static_cast<size_t>(rows * k));
+    for (size_t nn = begin; nn < end; ++nn) {
+      const int64_t n = static_cast<int64_t>(nn);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int e : used) {
+        const std::vector<int64_t>& slots = users[static_cast<size_t>(e)];
+        const int64_t cnt = static_cast<int64_t>(slots.size());
+        for (int64_t i = 0; i < cnt; ++i)
+          in[static_cast<size_t>(i)] = act.data() + slots[static_cast<size_t>(i)] * inter;
+        dot_row(m.w.down_proj[static_cast<size_t>(e)], n, in.data(), cnt, y.data(), 1, buf.data());
+        for (int64_t i = 0; i < cnt; ++i) {
+          const int64_t slot = slots[static_cast<size_t>(i)];
+          const int64_t r = slot / k;
+          const float weight = routes[static_cast<size_t>(r)][static_cast<size_t>(slot % k)].weight;
+          acc[static_cast<size_t>(r)] = acc[static_cast<size_t>(r)] + y[static_cast<size_t>(i)] * weight;
+        }
+      }
+      dot_row(m.w.shared_down_proj, n, shared_in.data(), rows, y.data(), 1, buf.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        out.row<float>(r)[n] = acc[static_cast<size_t>(r)] +
+                               sigmoid(shared_logit[static_cast<size_t>(r)]) * y[static_cast<size_t>(r)];
+      }
+    }
+  });
+}
+
+}  // namespace pd::cpu

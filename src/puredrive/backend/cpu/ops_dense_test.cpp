@@ -1,0 +1,157 @@
+// matmul, embed, rms_norm, add, argmax against naive double-precision references; row-exactness and
+// thread-count independence of matmul.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "puredrive/backend/cpu/test_util.h"
+
+namespace pd {
+namespace {
+
+using test::device_tensor;
+using test::to_host;
+
+std::vector<double> naive_matmul(const std::vector<float>& x, int64_t rows, const test::OwnedMatrix& w) {
+  std::vector<double> out(static_cast<size_t>(rows * w.m.rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t n = 0; n < w.m.rows; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < w.m.cols; ++k) {
+        acc += static_cast<double>(x[static_cast<size_t>(r * w.m.cols + k)]) *
+               w.reference[static_cast<size_t>(n * w.m.cols + k)];
+      }
+      out[static_cast<size_t>(r * w.m.rows + n)] = acc;
+    }
+  }
+  return out;
+}
+
+TEST(CpuOps, MatmulEveryFormat) {
+  std::mt19937 rng(10);
+  auto be = test::cpu_backend(2);
+  struct Case {
+    WeightFormat f;
+    int bits, gs;
+  };
+  std::vector<Case> cases = {
+      {WeightFormat::kF32, 0, 0}, {WeightFormat::kF16, 0, 0}, {WeightFormat::kBF16, 0, 0}};
+  for (int bits = 2; bits <= 8; ++bits) cases.push_back({WeightFormat::kAffine, bits, bits % 2 ? 32 : 64});
+  cases.push_back({WeightFormat::kAffine, 4, 128});
+  for (const Case& c : cases) {
+    const int64_t rows = 3, n = 37, k = 256;
+    auto w = test::make_matrix(rng, n, k, c.f, c.bits, c.gs);
+    Expected<MatrixId> id = be->bind_matrix(w->m);
+    ASSERT_TRUE(id.has_value()) << id.status().to_string();
+    const auto x = test::random_vector(rng, static_cast<size_t>(rows * k));
+    Buffer xt = device_tensor(*be, DType::kF32, rows, k, x);
+    Buffer out = device_tensor<float>(*be, DType::kF32, rows, n, {});
+    ASSERT_TRUE(be->matmul({.w = *id, .x = xt.tensor(), .out = out.tensor()}).is_ok());
+    const auto ref = naive_matmul(x, rows, *w);
+    EXPECT_LT(test::rel_err(to_host(*be, out.tensor()), ref), 1e-5)
+        << weight_format_name(c.f) << " bits " << c.bits << " group " << c.gs;
+
+    // Accum::kAdd adds the product to what is there.
+    ASSERT_TRUE(be->matmul({.w = *id, .x = xt.tensor(), .out = out.tensor(), .accum = Accum::kAdd}).is_ok());
+    std::vector<double> twice(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) twice[i] = 2 * ref[i];
+    EXPECT_LT(test::rel_err(to_host(*be, out.tensor()), twice), 1e-5);
+  }
+}
+
+TEST(CpuOps, MatmulRowExactAndThreadIndependent) {
+  std::mt19937 rng(11);
+  const int64_t n = 53, rows = 8;
+  for (WeightFormat f : {WeightFormat::kAffine, WeightFormat::kBF16, WeightFormat::kF16}) {
+    auto w = test::make_matrix(rng, n, 256, f, 5, 64);
+    const auto x = test::random_vector(rng, static_cast<size_t>(rows * 256));
+    std::vector<float> first;
+    for (int threads : {1, 2, 4}) {
+      auto be = test::cpu_backend(threads);
+      const MatrixId id = be->bind_matrix(w->m).value();
+      Buffer xt = device_tensor(*be, DType::kF32, rows, 256, x);
+      Buffer all = device_tensor<float>(*be, DType::kF32, rows, n, {});
+      ASSERT_TRUE(be->matmul({.w = id, .x = xt.tensor(), .out = all.tensor()}).is_ok());
+      const auto full = to_host(*be, all.tensor());
+      if (first.empty()) first = full;
+      EXPECT_TRUE(test::bitwise_equal(full, first)) << threads << " threads";
+      for (int64_t r = 0; r < rows; ++r) {
+        Buffer one = device_tensor<float>(*be, DType::kF32, 1, n, {});
+        ASSERT_TRUE(be->matmul({.w = id, .x = xt.row_slice(r, 1), .out = one.tensor()}).is_ok());
+        const auto row = to_host(*be, one.tensor());
+        EXPECT_EQ(std::memcmp(row.data(), full.data() + r * n, static_cast<size_t>(n) * 4), 0)
+            << weight_format_name(f) << " row " << r;
+      }
+    }
+  }
+}
+
+TEST(CpuOps, EmbedRmsNormAdd) {
+  std::mt19937 rng(12);
+  auto be = test::cpu_backend(2);
+  const int64_t vocab = 20, h = 64;
+  auto table = test::make_matrix(rng, vocab, h, WeightFormat::kAffine, 4, 32);
+  const MatrixId tid = be->bind_matrix(table->m).value();
+  const std::vector<int32_t> ids = {3, 0, 19, 3};
+  Buffer tok = device_tensor(*be, DType::kI32, 4, 1, ids);
+  Buffer e = device_tensor<float>(*be, DType::kF32, 4, h, {});
+  ASSERT_TRUE(be->embed({.table = tid, .tokens = tok.tensor(), .out = e.tensor()}).is_ok());
+  const auto emb = to_host(*be, e.tensor());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    EXPECT_EQ(std::memcmp(emb.data() + r * h, table->reference.data() + ids[r] * h, h * 4), 0);
+  }
+  const std::vector<int32_t> bad = {20};
+  Buffer badt = device_tensor(*be, DType::kI32, 1, 1, bad);
+  EXPECT_FALSE(be->embed({.table = tid, .tokens = badt.tensor(), .out = e.row_slice(0, 1)}).is_ok());
+
+  const auto w = test::random_vector(rng, h);
+  const VectorId wid = be->bind_vector(w, "norm").value();
+  Buffer y = device_tensor<float>(*be, DType::kF32, 4, h, {});
+  ASSERT_TRUE(be->rms_norm({.x = e.tensor(), .weight = wid, .eps = 1e-6f, .out = y.tensor()}).is_ok());
+  const auto yh = to_host(*be, y.tensor());
+  std::vector<double> ref(yh.size());
+  for (int64_t r = 0; r < 4; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < h; ++i) ss += double{emb[r * h + i]} * emb[r * h + i];
+    const double inv = 1.0 / std::sqrt(ss / h + 1e-6);
+    for (int64_t i = 0; i < h; ++i) ref[r * h + i] = emb[r * h + i] * inv * w[i];
+  }
+  EXPECT_LT(test::rel_err(yh, ref), 1e-6);
+
+  ASSERT_TRUE(be->add({.a = y.tensor(), .b = e.tensor(), .out = y.tensor()}).is_ok());
+  const auto sum = to_host(*be, y.tensor());
+  for (size_t i = 0; i < sum.size(); ++i) EXPECT_EQ(sum[i], yh[i] + emb[i]);
+}
+
+TEST(CpuOps, ArgmaxTiesToLowestAndSkipsNan) {
+  auto be = test::cpu_backend(1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x = {1, 5, 5, 2, nan, 3, 3, 0, -1, -1, -1, -1, nan, nan, 7, 7};
+  Buffer xt = device_tensor(*be, DType::kF32, 4, 4, x);
+  Buffer out = device_tensor<int32_t>(*be, DType::kI32, 4, 1, {});
+  ASSERT_TRUE(be->argmax({.x = xt.tensor(), .out = out.tensor()}).is_ok());
+  std::vector<int32_t> ids(4);
+  ASSERT_TRUE(be->download(ids.data(), out.tensor()).is_ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 1, 0, 2}));
+}
+
+TEST(CpuOps, BadShapesAreErrors) {
+  std::mt19937 rng(13);
+  auto be = test::cpu_backend(1);
+  auto w = test::make_matrix(rng, 4, 32, WeightFormat::kF32);
+  const MatrixId id = be->bind_matrix(w->m).value();
+  Buffer x = device_tensor<float>(*be, DType::kF32, 2, 31, {});
+  Buffer out = device_tensor<float>(*be, DType::kF32, 2, 4, {});
+  const Status s = be->matmul({.w = id, .x = x.tensor(), .out = out.tensor()});
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("[2, 31]"), std::string::npos) << s.message();
+  EXPECT_FALSE(be->matmul({.w = MatrixId{7}, .x = x.tensor(), .out = out.tensor()}).is_ok());
+  Matrix odd = w->m;
+  odd.format = WeightFormat::kAffine;
+  odd.bits = 4;
+  odd.group_size = 24;
+  EXPECT_FALSE(be->bind_matrix(odd).has_value());
+}
+
+}  // namespace
+}  // namespace pd
