@@ -3,12 +3,15 @@
 # with the non-system shared libraries they load, in build/device-bundle/ (ignored by git), because the GPU
 # machine has none of our -dev packages and no network. Then, on the GPU machine (device tool):
 #   run(command="bash bench/device/run.sh", carry=["build/device-bundle"], timeout_s=420)
-# Environment: PD_DEVICE_BUILD (build directory, default build/h9), JOBS (parallel jobs, default 2).
+# Environment: PD_DEVICE_BUILD (build directory, default build/h9), JOBS (parallel jobs, default 2),
+# PD_WITH_CHECK=1 (bundle the full CLI too).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${PD_DEVICE_BUILD:-$root/build/h9}
 bundle=$root/build/device-bundle
 targets=(puredrive_device cuda_ops_tests cuda_model_tests)
+# PD_WITH_CHECK=1: also `puredrive check` (the puredrive_check binary, no server), for the fixtures (run.sh).
+[ "${PD_WITH_CHECK:-0}" = 1 ] && targets+=(puredrive_check)
 
 # PD_WERROR=OFF: GCC 12 at -O3 raises a false -Wrestrict in code outside the CUDA path (chat/jinja); the CUDA
 # library keeps nvcc's -Werror=all-warnings.
@@ -20,6 +23,7 @@ rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
 cp "$build/bin/puredrive_device" "$bundle/bin/"
 cp "$build/tests/cuda/cuda_ops_tests" "$build/tests/cuda/cuda_model_tests" "$bundle/bin/"
+[ "${PD_WITH_CHECK:-0}" = 1 ] && cp "$build/bin/puredrive_check" "$bundle/bin/"
 strip --strip-unneeded "$bundle"/bin/*
 
 # Shared libraries outside the C/C++ runtime (the GPU machine's glibc and libstdc++ are newer than ours).
@@ -50,3 +54,7 @@ echo "$root" >"$bundle/source_dir"
 } >"$bundle/build_info.txt"
 ls -la "$bundle/bin" "$bundle/lib"
 du -sh "$bundle"
+# The same compressed (the binaries share their kernels; ~10x smaller), for when the working tree plus the
+# bundle would pass the device tool's 64 MiB: carry build/device-bundle.tar.xz instead, run.sh unpacks it.
+tar -C "$root/build" -cJf "$root/build/device-bundle.tar.xz" device-bundle
+ls -la "$root/build/device-bundle.tar.xz"

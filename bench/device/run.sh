@@ -4,9 +4,12 @@
 # summary table is printed last. Uses the binaries staged by bench/device/prepare.sh (built on the dev
 # machine; the GPU machine has no -dev packages), carried as build/device-bundle:
 #   run(command="bash bench/device/run.sh", carry=["build/device-bundle"], timeout_s=420)
+# (or carry=["build/device-bundle.tar.xz"]: unpacked here when the bundle folder is missing).
 # Environment: PD_BUDGET_S (seconds for the whole script, default 400), PD_QUANTS (default "bf16 q8 q6"; the
 # first gets PD_CONTEXTS, default 2k,32k, and PD_FIRST_BENCH_S seconds; the others PD_OTHER_CONTEXTS and
-# PD_OTHER_BENCH_S), PD_TOKENS (decode tokens per cell, default 128), PD_RACECHECK_S, PD_SKIP_SANITIZER=1.
+# PD_OTHER_BENCH_S), PD_TOKENS (decode tokens per cell, default 128), PD_PREFILL_CHUNK (rows per prefill
+# step, default 256: the tiled kernels), PD_RACECHECK_S, PD_SKIP_SANITIZER=1, PD_CHECK_S (seconds per
+# `puredrive check`, default 40), PD_SKIP_CHECK=1.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -26,6 +29,9 @@ note() { echo "$*" | tee -a "$log"; }
 row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$summary" >>"$log"; }
 left() { echo $((budget - ($(date +%s) - start))); }
 
+if [ ! -x "$bundle/bin/puredrive_device" ] && [ -f "$bundle.tar.xz" ]; then
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle.tar.xz" "$root/build"
+fi
 if [ ! -x "$bundle/bin/puredrive_device" ]; then
   echo "no bundle at $bundle: run bench/device/prepare.sh on the dev machine and carry build/device-bundle"
   exit 2
@@ -98,7 +104,8 @@ tokens=${PD_TOKENS:-128}
 bench() {
   local q=$1 secs=$2 ctx=$3
   run_phase "bench $q $ctx" "$secs" "$bin/puredrive_device" bench --synth qwen3.5-35b-a3b --quant "$q" \
-    --contexts "$ctx" --tokens "$tokens" --profile-steps 3 --json "$out/bench_$q.json" --commit "$commit" --note "$dirty"
+    --contexts "$ctx" --tokens "$tokens" --profile-steps 3 --prefill-chunk "${PD_PREFILL_CHUNK:-256}" \
+    --json "$out/bench_$q.json" --commit "$commit" --note "$dirty"
   [ -f "$out/bench_$q.json" ] && python3 - "$out/bench_$q.json" >>"$summary" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -125,13 +132,41 @@ if [ "${PD_SKIP_SANITIZER:-0}" != 1 ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   export PD_CUDA_TEST_QUICK=1
   run_phase "memcheck cuda_ops_tests (quick)" 110 "$cs" --tool memcheck --error-exitcode 9 "$bin/cuda_ops_tests"
-  run_phase "racecheck ops subset (quick)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
-    "$bin/cuda_ops_tests" \
-    --gtest_filter='CudaOps.EmbedRmsNormAddArgmax:CudaOps.StepCaptureMatchesEager:CudaOps.GatedDeltaNetMatchesCpuAndIsRowExact:CudaOps.AttentionMatchesCpuAndIsRowExact'
+  # Racecheck is slow on big grids: the smallest attention and MoE cases only (PD_CUDA_TEST_SMALL), each in its
+  # own slot; the matmul case covers the tiled prefill kernel (R = 11).
+  export PD_CUDA_TEST_SMALL=1
+  run_phase "racecheck attention (small)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
+    "$bin/cuda_ops_tests" --gtest_filter='CudaOps.AttentionMatchesCpuAndIsRowExact'
+  run_phase "racecheck MoE + matmul (small)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
+    "$bin/cuda_ops_tests" --gtest_filter='CudaOps.MoeMatchesCpuAndIsRowExact:CudaOps.MatmulEveryFormatRowExact'
+  unset PD_CUDA_TEST_SMALL
   run_phase "memcheck model subset (quick)" 60 "$cs" --tool memcheck --error-exitcode 9 "$bin/cuda_model_tests" \
     --gtest_filter='*MatchesCpu/qwen3next_f32:*MtpRows*/qwen35_mlx_q:*Repeated*/qwen35_bf16'
   unset PD_CUDA_TEST_QUICK
 fi
+# puredrive check (row exactness, greedy/seeded identity MTP on == off for K = 1..4, chi-square where the
+# vocabulary is small) on the CUDA backend for every fixture with a reference and for models/tiny-coder;
+# only when the bundle has the full CLI (PD_WITH_CHECK=1 bench/device/prepare.sh). The time left (less
+# PD_RESERVE_S for the other quants' benches) is shared among the models, at most PD_CHECK_S each.
+if [ -x "$bin/puredrive_check" ] && [ "${PD_SKIP_CHECK:-0}" != 1 ]; then
+  models=()
+  for d in tests/fixtures/*/ models/tiny-coder/; do
+    d=${d%/}
+    [ -f "$d/config.json" ] || continue
+    [ "$d" = tests/fixtures/tiny-coder ] && continue  # the same checkpoint as models/tiny-coder
+    case "$d" in models/*) ;; *) [ -f "$d/reference.json" ] || continue ;; esac
+    models+=("$d")
+  done
+  i=0
+  for d in "${models[@]}"; do
+    share=$(((($(left) - ${PD_RESERVE_S:-0})) / (${#models[@]} - i)))
+    [ "$share" -gt "${PD_CHECK_S:-60}" ] && share=${PD_CHECK_S:-60}
+    [ "$share" -lt 20 ] && share=20
+    run_phase "check --backend cuda $d" "$share" "$bin/puredrive_check" check --model "$d" --backend cuda
+    i=$((i + 1))
+  done
+fi
+
 for q in ${quants#"$first_q"}; do bench "$q" "${PD_OTHER_BENCH_S:-100}" "${PD_OTHER_CONTEXTS:-$contexts}"; done
 
 echo

@@ -2,12 +2,16 @@
 // head within tolerance (float32 fixtures 1e-3, others 2e-2; relative error = max|a-b| / max|ref|), greedy
 // continuations identical on float32 fixtures. Row-exactness on the GPU (every row of R = 2..8 steps equals
 // the one-row step bitwise: logits, hidden, KV, GDN state, also after rewinding to a snapshot), MTP rows,
-// recorded steps (CUDA graphs) equal eager steps, repeated runs bitwise identical. Skipped without a GPU.
+// recorded steps (CUDA graphs) equal eager steps, repeated runs bitwise identical; prefill steps wider than
+// kMaxRows (tiled kernels) within tolerance of one-row steps. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
+#include <tuple>
 
 #include "cuda/cuda_test_util.h"
 #include "golden/fixture_util.h"
@@ -249,6 +253,61 @@ TEST_P(CudaFixture, RowExactWithRollback) {
       }
     }
   }
+}
+
+// Prefill steps wider than kMaxRows use the tiled kernels (DESIGN §4 point 1: prefill may use other kernels):
+// not bitwise, but within tolerance of one-row decode steps, with the same argmax wherever the one-row
+// logits have a clear winner, and the same greedy continuation on float32 fixtures.
+TEST_P(CudaFixture, WidePrefillMatchesOneRowSteps) {
+  std::string skip;
+  std::unique_ptr<Pair> p = open_pair(GetParam(), 80, &skip);
+  if (p == nullptr) GTEST_SKIP() << "no CUDA device: " << skip;
+  Model& m = *p->gpu_model;
+  Backend& be = *p->gpu;
+  const int V = p->config().vocab_size;
+  const int n = 72;  // two row tiles, the second partial
+  const std::vector<int32_t> tokens = random_tokens(V, n, 5);
+  SequenceState wide = new_state(m, 128, DType::kF32, 80), narrow = new_state(m, 128, DType::kF32);
+  const std::vector<float> lw = download<float>(be, step(m, wide, tokens, false).logits);
+  std::vector<float> ln;
+  for (int i = 0; i < n; ++i) {
+    const std::vector<float> l = download<float>(
+        be, step(m, narrow, std::span(tokens).subspan(static_cast<size_t>(i), 1), false).logits);
+    ln.insert(ln.end(), l.begin(), l.end());
+  }
+  const double err = rel_err(lw, ln);
+  EXPECT_LE(err, p->tolerance()) << "wide prefill logits vs one-row steps";
+  int checked = 0;
+  for (int r = 0; r < n; ++r) {
+    const float* a = ln.data() + static_cast<size_t>(r) * V;
+    const int top = golden::argmax(a, V);
+    float second = -INFINITY, scale = 0.0f;
+    for (int v = 0; v < V; ++v) {
+      if (v != top) second = std::max(second, a[v]);
+      scale = std::max(scale, std::fabs(a[v]));
+    }
+    if (a[top] - second <= 1e-4f * scale) continue;  // a near tie: either order is within tolerance
+    ++checked;
+    EXPECT_EQ(golden::argmax(lw.data() + static_cast<size_t>(r) * V, V), top) << "argmax of row " << r;
+  }
+  const int k = 16;
+  std::vector<int32_t> gw, gn;
+  for (auto [st, out, last] :
+       {std::tuple{&wide, &gw, lw.data()}, std::tuple{&narrow, &gn, static_cast<const float*>(ln.data())}}) {
+    int32_t t = golden::argmax(last + static_cast<size_t>(n - 1) * V, V);
+    for (int i = 0; i < k; ++i) {
+      out->push_back(t);
+      const int32_t t1[1] = {t};
+      const StepOutput o = step(m, *st, t1, false, LogitRows::kLast);
+      t = golden::argmax(download<float>(be, o.logits).data(), V);
+    }
+  }
+  if (p->f32()) {
+    EXPECT_EQ(gw, gn) << "greedy continuation after a wide vs a one-row-step prefill";
+  }
+  std::printf("%s: wide prefill (R=%d) vs one-row steps: max rel err %.3g, argmax checked on %d rows, %s\n",
+              p->name.c_str(), n, err, checked,
+              gw == gn ? "greedy continuation identical" : "greedy differs");
 }
 
 TEST_P(CudaFixture, MtpRowsEqualOneRowPasses) {

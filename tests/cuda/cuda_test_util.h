@@ -20,6 +20,12 @@ inline bool quick() {
   return std::getenv("PD_CUDA_TEST_QUICK") != nullptr;
 }
 
+// PD_CUDA_TEST_SMALL=1 (under racecheck, which is slow on big grids): the attention and MoE tests run only
+// their smallest case.
+inline bool small() {
+  return std::getenv("PD_CUDA_TEST_SMALL") != nullptr;
+}
+
 // The CUDA backend, or null with the reason in *why.
 inline std::unique_ptr<Backend> try_cuda(std::string* why) {
   Expected<std::unique_ptr<Backend>> b = create_backend({.name = "cuda"});

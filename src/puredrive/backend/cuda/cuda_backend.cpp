@@ -547,9 +547,22 @@ class CudaBackend final : public Backend {
     const DevMatrix m = *w;
     submit(
         [m, a](cudaStream_t s) {
+          const int rows = static_cast<int>(a.x.rows);
+          if (rows > cuda::kMaxRows) {
+            // Wide steps (prefill): tiled product, weights read once per kTileRows rows.
+            cuda::TileJob j;
+            j.w = m;
+            j.x = static_cast<const float*>(a.x.data);
+            j.xs = a.x.stride;
+            j.rows = rows;
+            j.out = static_cast<float*>(a.out.data);
+            j.os = a.out.stride;
+            j.accumulate = a.accum == Accum::kAdd ? 1 : 0;
+            cuda::launch_tiled(j, 1, rows, s);
+            return;
+          }
           cuda::launch_gemv(m, static_cast<const float*>(a.x.data), a.x.stride,
-                            static_cast<float*>(a.out.data), a.out.stride, static_cast<int>(a.x.rows),
-                            a.accum == Accum::kAdd, s);
+                            static_cast<float*>(a.out.data), a.out.stride, rows, a.accum == Accum::kAdd, s);
         },
         m.fmt == WFmt::kAffine ? "matmul affine" : "matmul", m.rows, m.cols);
     return take_error_if_eager();

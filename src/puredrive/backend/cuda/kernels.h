@@ -39,6 +39,34 @@ struct DevMatrix {
   int64_t scale_stride = 0;  // bytes between experts (scales and biases)
 };
 
+// ---- Tiled products for wide steps (gemm_tiled.cu) ----
+// Prefill (R > kMaxRows) may use other kernels than decode (DESIGN §4, point 1): tiles of kTileRows
+// activation rows x kTileCols weight rows, weights decoded once per tile into shared memory, f32
+// accumulation over the columns in ascending order. Not row-exact across R (a row's result does not depend on
+// R, but differs from the warp-split decode kernels' summation order).
+constexpr int kTileRows = 64;
+constexpr int kTileCols = 64;
+// out[dst] (=|+=) x[src] . W^T for a list of activation rows. Without a list, rows 0..rows-1 map to
+// themselves; with one, entry i of block z is v = list[z * list_stride + i] (i < count[z]), read from row
+// v / list_div and written to row v, and W is expert z of a stacked matrix (data + z * data_stride).
+// dual: out = silu(x . W^T) * (x . W2^T) (the experts' gate/up pair).
+struct TileJob {
+  DevMatrix w, w2;
+  int dual = 0;
+  const float* x = nullptr;
+  int64_t xs = 0;
+  const int* list = nullptr;
+  int64_t list_stride = 0;
+  int list_div = 1;
+  const int* count = nullptr;
+  int rows = 0;  // without a list
+  float* out = nullptr;
+  int64_t os = 0;
+  int accumulate = 0;
+};
+// groups: experts (grid z) when the job has a list, else 1; max_rows bounds the rows of any group.
+void launch_tiled(const TileJob& j, int groups, int max_rows, cudaStream_t stream);
+
 // ---- Dense ops (ops_dense.cu) ----
 void launch_gemv(const DevMatrix& w, const float* x, int64_t x_stride, float* out, int64_t out_stride,
                  int rows, bool accumulate, cudaStream_t stream);

@@ -281,12 +281,182 @@ __global__ void moe_combine_kernel(MoeLaunch m, int r0, int rows, MoeScratch s) 
   }
 }
 
+// ---- Wide steps (prefill, R > kMaxRows): passes of up to kMoeWideRows rows through tiled products ----
+// route per row (the decode route's arithmetic, one block per row), then per expert the ascending list of
+// (row, slot) entries that selected it; gate/up and down as tiled products over each expert's entries; the
+// decode combine. Each expert's weights are read once per kTileRows of its entries.
+constexpr int kMoeWideRows = 256;
+
+struct MoeWide {
+  MoeScratch s;  // logits/sg/sel/wts/act/sact/y/ys sized for kMoeWideRows rows
+  int* count;    // [E]: entries per expert
+  int* list;     // [E][kMoeWideRows]: entry r * K + slot, ascending r
+};
+
+MoeWide carve_wide(void* base, int E, int K, int H, int I, int Is, int64_t* total) {
+  uint8_t* p = static_cast<uint8_t*>(base);
+  int64_t off = 0;
+  auto take = [&](int64_t bytes) {
+    uint8_t* q = p == nullptr ? nullptr : p + off;
+    off += align256(bytes);
+    return q;
+  };
+  const int64_t B = kMoeWideRows;
+  MoeWide w{};
+  w.s.logits = reinterpret_cast<float*>(take(B * E * 4));
+  w.s.sg = reinterpret_cast<float*>(take(B * 4));
+  w.s.sel = reinterpret_cast<int*>(take(B * K * 4));
+  w.s.wts = reinterpret_cast<float*>(take(B * K * 4));
+  w.s.act = reinterpret_cast<float*>(take(B * K * I * 4));
+  w.s.sact = reinterpret_cast<float*>(take(B * Is * 4));
+  w.s.y = reinterpret_cast<float*>(take(B * K * H * 4));
+  w.s.ys = reinterpret_cast<float*>(take(B * H * 4));
+  w.count = reinterpret_cast<int*>(take(int64_t{E} * 4));
+  w.list = reinterpret_cast<int*>(take(int64_t{E} * B * 4));
+  if (total != nullptr) *total = off;
+  return w;
+}
+
+// One block per row, blockDim >= E: the same softmax / top-k / renormalisation / id sort as moe_route_kernel.
+__global__ void __launch_bounds__(1024) moe_route_rows_kernel(int E, int K, int norm, MoeScratch s) {
+  __shared__ float red[32];
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  __shared__ int s_sel[kMaxTopK];
+  __shared__ float s_p[kMaxTopK];
+  const int e = static_cast<int>(threadIdx.x);
+  const int r = static_cast<int>(blockIdx.x);
+  const float l = e < E ? s.logits[static_cast<int64_t>(r) * E + e] : -INFINITY;
+  const float m = block_max(l, red);
+  const float pe = e < E ? expf(l - m) : 0.0f;
+  const float sum = block_sum(pe, red);
+  const float p = pe / sum;
+  bool chosen = false;
+  for (int i = 0; i < K; ++i) {
+    float wv;
+    int wi;
+    block_argmax(e < E && !chosen ? p : -1.0f, e, sv, si, &wv, &wi);
+    if (e == wi) chosen = true;
+    if (threadIdx.x == 0) {
+      s_sel[i] = wi;
+      s_p[i] = wv;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float top = 0.0f;
+    for (int i = 0; i < K; ++i) top += s_p[i];
+    int ids[kMaxTopK];
+    float ws[kMaxTopK];
+    for (int i = 0; i < K; ++i) {
+      const int id = s_sel[i];
+      const float w = norm != 0 ? s_p[i] / top : s_p[i];
+      int at = i;
+      while (at > 0 && ids[at - 1] > id) {
+        ids[at] = ids[at - 1];
+        ws[at] = ws[at - 1];
+        --at;
+      }
+      ids[at] = id;
+      ws[at] = w;
+    }
+    for (int i = 0; i < K; ++i) {
+      s.sel[r * K + i] = ids[i];
+      s.wts[r * K + i] = ws[i];
+    }
+  }
+}
+
+// One thread per expert: its entries in ascending row order.
+__global__ void moe_bucket_kernel(int E, int K, int rows, MoeWide w) {
+  const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (e >= E) return;
+  int n = 0;
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < K; ++i) {
+      if (w.s.sel[r * K + i] == e) w.list[static_cast<int64_t>(e) * kMoeWideRows + n++] = r * K + i;
+    }
+  }
+  w.count[e] = n;
+}
+
+void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
+  const MoeWide w = carve_wide(m.scratch, m.experts, m.top_k, m.hidden, m.inter, m.shared_inter, nullptr);
+  const int route_threads = m.experts <= 32 ? 32 : (m.experts + 31) / 32 * 32;
+  for (int r0 = 0; r0 < m.rows; r0 += kMoeWideRows) {
+    const int n = m.rows - r0 < kMoeWideRows ? m.rows - r0 : kMoeWideRows;
+    const float* x = m.x + r0 * m.x_stride;
+    TileJob j;
+    j.x = x;
+    j.xs = m.x_stride;
+    j.rows = n;
+    j.w = m.router;
+    j.out = w.s.logits;
+    j.os = m.experts;
+    launch_tiled(j, 1, n, stream);
+    j.w = m.shared_gate;
+    j.out = w.s.sg;
+    j.os = 1;
+    launch_tiled(j, 1, n, stream);
+    moe_route_rows_kernel<<<n, route_threads, 0, stream>>>(m.experts, m.top_k, m.norm_topk ? 1 : 0, w.s);
+    moe_bucket_kernel<<<grid_for(m.experts, 128), 128, 0, stream>>>(m.experts, m.top_k, n, w);
+    // Routed experts: gate/up into act[entry], then down into y[entry].
+    TileJob up;
+    up.w = m.gate;
+    up.w2 = m.up;
+    up.dual = 1;
+    up.x = x;
+    up.xs = m.x_stride;
+    up.list = w.list;
+    up.list_stride = kMoeWideRows;
+    up.list_div = m.top_k;
+    up.count = w.count;
+    up.out = w.s.act;
+    up.os = m.inter;
+    launch_tiled(up, m.experts, n, stream);
+    TileJob dn;
+    dn.w = m.down;
+    dn.x = w.s.act;
+    dn.xs = m.inter;
+    dn.list = w.list;
+    dn.list_stride = kMoeWideRows;
+    dn.list_div = 1;
+    dn.count = w.count;
+    dn.out = w.s.y;
+    dn.os = m.hidden;
+    launch_tiled(dn, m.experts, n, stream);
+    // The shared expert over all rows.
+    TileJob su;
+    su.w = m.sh_gate;
+    su.w2 = m.sh_up;
+    su.dual = 1;
+    su.x = x;
+    su.xs = m.x_stride;
+    su.rows = n;
+    su.out = w.s.sact;
+    su.os = m.shared_inter;
+    launch_tiled(su, 1, n, stream);
+    TileJob sd;
+    sd.w = m.sh_down;
+    sd.x = w.s.sact;
+    sd.xs = m.shared_inter;
+    sd.rows = n;
+    sd.out = w.s.ys;
+    sd.os = m.hidden;
+    launch_tiled(sd, 1, n, stream);
+    const int64_t total = static_cast<int64_t>(n) * m.hidden;
+    const unsigned blocks = grid_for(total, kBlock) < 4096 ? grid_for(total, kBlock) : 4096;
+    moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, r0, n, w.s);
+  }
+}
+
 }  // namespace
 
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter) {
-  int64_t total = 0;
+  int64_t total = 0, wide = 0;
   carve(nullptr, experts, top_k, hidden, inter, shared_inter, &total);
-  return total;
+  carve_wide(nullptr, experts, top_k, hidden, inter, shared_inter, &wide);
+  return total > wide ? total : wide;
 }
 
 namespace {
@@ -325,6 +495,10 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
 }  // namespace
 
 void launch_moe(const MoeLaunch& m, cudaStream_t stream) {
+  if (m.rows > kMaxRows) {
+    run_moe_wide(m, stream);
+    return;
+  }
   run_moe(m, stream, nullptr);
 }
 
