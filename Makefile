@@ -20,9 +20,14 @@ build: configure
 test: build
 	@ctest --preset $(PRESET) -j $(JOBS)
 
-# Sanitizer job: CPU code under ASan + UBSan.
+# Sanitizer job: CPU code under ASan + UBSan. The long statistical sweeps (greedy/seeded identity over every
+# fixture, chi-square, `puredrive check`) run in the plain job; under ASan they would take most of CI's budget
+# while exercising the same code paths that the remaining tests cover.
+ASAN_SKIP := greedy_identity_tests|seeded_identity_tests|chi_square_engine_tests|check_cli_tests
+
 test-asan:
-	@$(MAKE) --no-print-directory test PRESET=asan
+	@$(MAKE) --no-print-directory build PRESET=asan
+	@ctest --preset asan -j $(JOBS) -E '$(ASAN_SKIP)'
 
 run: build
 	@scripts/run-demo.sh $(BIN) $(MODEL)

@@ -1,0 +1,246 @@
+// puredrive serve: the OpenAI-compatible HTTP server (docs/API.md). One engine thread owns the model
+// (GeneratorEngine over decode/'s Generator); HTTP threads parse, queue and stream. SIGINT/SIGTERM stop it.
+//
+// --fake-engine (hidden, TEST ONLY) serves the deterministic fake engine and frontend of
+// src/puredrive/server/fake_*.h instead of a model, so the HTTP layer and its tests run without weights.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/command.h"
+#include "puredrive/backend/backend.h"
+#include "puredrive/checkpoint/loader.h"
+#include "puredrive/checkpoint/memory_plan.h"
+#include "puredrive/decode/generator.h"
+#include "puredrive/model/model.h"
+#include "puredrive/server/api_service.h"
+#include "puredrive/server/fake_engine.h"
+#include "puredrive/server/fake_frontend.h"
+#include "puredrive/server/generator_engine.h"
+#include "puredrive/server/http_server.h"
+#include "puredrive/server/metrics.h"
+#include "puredrive/server/model_frontend.h"
+#include "puredrive/server/scheduler.h"
+#include "puredrive/util/log.h"
+
+namespace pd::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  std::string model_alias;
+  int ctx_size = 4096;
+  int mtp_draft = 2;
+  int max_queue = 32;
+  std::string backend = "cpu";
+  int threads = 0;
+  int http_threads = 64;
+  int read_timeout = 10;
+  int max_body_mb = 32;
+  int keepalive_ms = 3000;
+  // Test only.
+  bool fake_engine = false;
+  int fake_token_delay_ms = 0;
+  int fake_prefill_delay_ms = 0;
+};
+
+[[noreturn]] void fail(const std::string& message) {
+  fmt::print(stderr, "puredrive serve: {}\n", message);
+  throw CLI::RuntimeError(1);
+}
+
+// What is served, and everything the engine borrows from. Members are destroyed in reverse order: the
+// engine (generator) before the model, backend and weights it uses.
+struct Served {
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<server::Engine> engine;
+  server::Frontend frontend;
+};
+
+Served load_fake(const ServeArgs& a) {
+  server::fake::FakeEngineOptions o;
+  o.model_id = a.model_alias;
+  o.context_size = a.ctx_size;
+  o.mtp_draft = a.mtp_draft;
+  o.token_delay = std::chrono::milliseconds(a.fake_token_delay_ms);
+  o.prefill_delay = std::chrono::milliseconds(a.fake_prefill_delay_ms);
+  Served s;
+  s.engine = std::make_unique<server::fake::FakeEngine>(o);
+  s.frontend = server::fake::make_fake_frontend();
+  return s;
+}
+
+template <typename T>
+T take(Expected<T> e) {
+  if (!e) fail(e.status().message());
+  return std::move(e).value();
+}
+
+Served load_model(const ServeArgs& a) {
+  // The memory plan is checked from config.json before anything is mapped, then with the real weights.
+  const ModelConfig config = take(load_model_config(a.model));
+  const int64_t available = take(available_memory_bytes());
+  if (Status st = check_memory_fits(plan_memory(config, nullptr, a.ctx_size), available, a.model); !st) {
+    fail(st.message());
+  }
+  Served s;
+  s.checkpoint = std::make_unique<Checkpoint>(take(load_checkpoint(a.model)));
+  const Checkpoint& ck = *s.checkpoint;
+  for (const auto& notice : ck.notices) PD_LOG_INFO("{}", notice);
+  if (Status st = check_memory_fits(plan_memory(ck.config, &ck.weights, a.ctx_size), available, a.model);
+      !st) {
+    fail(st.message());
+  }
+  s.backend = take(create_backend({.name = a.backend, .threads = a.threads, .device_index = 0}));
+  const int max_draft = std::max(a.mtp_draft, 1);
+  s.model = take(create_model(ck.config, ck.weights, *s.backend, {.max_rows = std::max(64, max_draft + 1)}));
+  std::unique_ptr<Generator> generator = take(Generator::create(
+      *s.model,
+      {.ctx_size = a.ctx_size, .kv_dtype = DType::kBF16, .max_draft = max_draft, .mtp = a.mtp_draft > 0}));
+  if (a.mtp_draft > 0 && !generator->has_drafter()) {
+    PD_LOG_WARN("{} has no MTP head: decoding without speculation", a.model);
+  }
+  const int32_t vocab = ck.config.vocab_size;
+  auto prompts = take(server::ModelPromptBuilder::load(a.model, vocab));
+  s.frontend = server::Frontend{prompts, std::make_shared<server::ModelOutputParser>()};
+  server::EngineInfo info{.model_id = a.model_alias,
+                          .context_size = a.ctx_size,
+                          .vocab_size = vocab,
+                          .mtp_draft = generator->has_drafter() ? a.mtp_draft : 0,
+                          .backend = s.backend->name()};
+  s.engine = std::make_unique<server::GeneratorEngine>(std::move(generator), prompts->tokenizer(), info,
+                                                       a.mtp_draft);
+  return s;
+}
+
+Served load_served(const ServeArgs& a) {
+  return a.fake_engine ? load_fake(a) : load_model(a);
+}
+
+void run_serve(const ServeArgs& args) {
+  ServeArgs a = args;
+  if (a.model.empty() && !a.fake_engine) fail("--model DIR is required");
+  if (a.model_alias.empty()) {
+    a.model_alias =
+        a.model.empty() ? "fake" : std::filesystem::path(a.model).lexically_normal().filename().string();
+    if (a.model_alias.empty())
+      a.model_alias = std::filesystem::path(a.model).parent_path().filename().string();
+  }
+  if (a.ctx_size < 2) fail(fmt::format("--ctx-size must be at least 2, got {}", a.ctx_size));
+  if (a.max_queue < 1) fail(fmt::format("--max-queue must be at least 1, got {}", a.max_queue));
+  if (a.mtp_draft < 0) fail(fmt::format("--mtp-draft must be >= 0, got {}", a.mtp_draft));
+  if (a.http_threads < 2) fail(fmt::format("--http-threads must be at least 2, got {}", a.http_threads));
+  if (a.read_timeout < 1) fail(fmt::format("--read-timeout must be at least 1 s, got {}", a.read_timeout));
+  if (a.max_body_mb < 1 || a.max_body_mb > 4096) {
+    fail(fmt::format("--max-body-mb must be in [1, 4096], got {}", a.max_body_mb));
+  }
+  if (a.keepalive_ms < 10) fail(fmt::format("--keepalive-ms must be at least 10, got {}", a.keepalive_ms));
+
+  // Signals go to one waiting thread (blocked everywhere else), which stops the server.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that vanishes mid-write must not kill the server
+
+  Served served = load_served(a);
+  server::Metrics metrics;
+  server::Scheduler scheduler(*served.engine, static_cast<size_t>(a.max_queue), &metrics);
+  server::ServiceOptions so;
+  so.model_names = {a.model_alias};
+  if (!a.model.empty()) {
+    const std::string dir_name = std::filesystem::path(a.model).lexically_normal().filename().string();
+    if (!dir_name.empty() && dir_name != a.model_alias) so.model_names.push_back(dir_name);
+  }
+  so.keepalive_interval = std::chrono::milliseconds(a.keepalive_ms);
+  server::ApiService service(so, scheduler, served.engine->info(), served.frontend, metrics);
+
+  server::HttpOptions ho;
+  ho.host = a.host;
+  ho.port = a.port;
+  ho.api_key = a.api_key;
+  ho.max_body_bytes = static_cast<size_t>(a.max_body_mb) << 20;
+  ho.read_timeout_seconds = a.read_timeout;
+  ho.threads = a.http_threads;
+  server::HttpServer http(ho, service, metrics);
+  auto port = http.bind();
+  if (!port) fail(port.status().message());
+
+  std::atomic<bool> stopping{false};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (!stopping.exchange(true)) PD_LOG_INFO("signal {}: shutting down", sig);
+    // Cancel generations first: their streams end with an error event, which frees the HTTP threads that
+    // the HTTP server joins when it stops.
+    scheduler.shutdown();
+    http.stop();
+  });
+
+  const server::EngineInfo info = served.engine->info();
+  PD_LOG_INFO("serving '{}' ({} backend, context {} tokens, MTP draft {}, queue {}) on http://{}:{}{}",
+              a.model_alias, info.backend, info.context_size, info.mtp_draft, a.max_queue, a.host, *port,
+              a.api_key.empty() ? "" : " (API key required)");
+  // The test harness and scripts read the port from this line.
+  fmt::print("listening on http://{}:{}\n", a.host, *port);
+  std::fflush(stdout);
+
+  http.run();
+  if (!stopping.exchange(true)) pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  scheduler.shutdown();
+}
+
+void setup_serve(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (see docs/API.md)");
+  cmd->add_option("--model", args->model, "Model directory (config.json, *.safetensors, tokenizer files)");
+  cmd->add_option("--host", args->host, "Address to bind (loopback by default)")->capture_default_str();
+  cmd->add_option("--port", args->port, "Port (0: any free port, printed at start)")->capture_default_str();
+  cmd->add_option("--api-key", args->api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--model-alias", args->model_alias,
+                  "Model name for clients (default: the directory's name)");
+  cmd->add_option("--ctx-size", args->ctx_size, "Context size in tokens (prompt + completion)")
+      ->capture_default_str();
+  cmd->add_option("--mtp-draft", args->mtp_draft, "MTP draft length k (0: no speculation)")
+      ->capture_default_str();
+  cmd->add_option("--max-queue", args->max_queue, "Requests that may wait for the engine; more get 503")
+      ->capture_default_str();
+  cmd->add_option("--backend", args->backend, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--threads", args->threads, "CPU threads for the engine (0: all cores)")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", args->http_threads, "Concurrent HTTP connections")->capture_default_str();
+  cmd->add_option("--read-timeout", args->read_timeout, "Seconds a stalled request read may take")
+      ->capture_default_str();
+  cmd->add_option("--max-body-mb", args->max_body_mb, "Largest request body in MiB (413 beyond)")
+      ->capture_default_str();
+  cmd->add_option("--keepalive-ms", args->keepalive_ms, "SSE keep-alive comment interval in ms")
+      ->capture_default_str();
+  // Hidden (empty group): test-only options.
+  cmd->add_flag("--fake-engine", args->fake_engine, "TEST ONLY: deterministic fake engine, no model")
+      ->group("");
+  cmd->add_option("--fake-token-delay-ms", args->fake_token_delay_ms, "TEST ONLY")->group("");
+  cmd->add_option("--fake-prefill-delay-ms", args->fake_prefill_delay_ms, "TEST ONLY")->group("");
+  cmd->callback([args] { run_serve(*args); });
+}
+
+const bool registered = register_command(setup_serve);
+
+}  // namespace
+}  // namespace pd::cli

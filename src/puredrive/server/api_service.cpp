@@ -1,0 +1,245 @@
+#include "puredrive/server/api_service.h"
+
+#include <fmt/format.h>
+
+#include "puredrive/server/stream_writer.h"
+#include "puredrive/util/log.h"
+
+namespace pd::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a cancelled request's HTTP thread waits for the engine to confirm, to log its statistics.
+constexpr auto kCancelConfirmWait = std::chrono::seconds(2);
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+Reply json_reply(int status, const Json& j) {
+  Reply r;
+  r.status = status;
+  r.body = dump_json(j);
+  return r;
+}
+
+// Waits for the kFinished event of a cancelled request (its stats are logged); gives up after a while.
+GenerationResult await_finish(RequestHandle& handle) {
+  const auto deadline = Clock::now() + kCancelConfirmWait;
+  while (Clock::now() < deadline) {
+    auto ev = handle.next(std::chrono::milliseconds(50));
+    if (ev && ev->kind == StreamEvent::Kind::kFinished) return ev->result;
+  }
+  GenerationResult r;
+  r.reason = FinishReason::kCancelled;
+  return r;
+}
+
+}  // namespace
+
+Reply ok_json_reply(std::string body) {
+  Reply r;
+  r.body = std::move(body);
+  return r;
+}
+
+Reply client_gone_reply() {
+  Reply r;
+  r.status = 499;
+  return r;
+}
+
+ApiService::ApiService(ServiceOptions options, Scheduler& scheduler, EngineInfo engine, Frontend frontend,
+                       Metrics& metrics)
+    : options_(std::move(options)),
+      scheduler_(scheduler),
+      engine_(std::move(engine)),
+      frontend_(std::move(frontend)),
+      metrics_(metrics),
+      started_at_(unix_now()) {
+  if (options_.model_names.empty()) options_.model_names.push_back(engine_.model_id);
+  limits_.model_names = options_.model_names;
+  limits_.vocab_size = frontend_.prompts->vocab_size();
+  // Changes whenever something that can change outputs for a fixed seed changes (the backend's kernels);
+  // the MTP draft length does not, by the exactness contract.
+  fingerprint_ = fmt::format("fp_puredrive_0.1.0_{}", engine_.backend);
+}
+
+Reply ApiService::error(const ApiError& e, std::string_view endpoint, std::string_view request_id) const {
+  metrics_.on_error(e.code.empty() ? e.type : e.code);
+  const std::string id = request_id.empty() ? "-" : std::string(request_id);
+  if (e.status >= 500) {
+    PD_LOG_ERROR("{} {} {} {}: {}", id, endpoint, e.status, e.type, e.message);
+  } else {
+    PD_LOG_WARN("{} {} {} {}: {}", id, endpoint, e.status, e.code.empty() ? e.type : e.code, e.message);
+  }
+  Reply r;
+  r.status = e.status;
+  r.body = e.to_json();
+  return r;
+}
+
+std::variant<ApiService::Admitted, Reply> ApiService::admit(GenerationRequest request,
+                                                            std::vector<std::string> stop,
+                                                            std::optional<int32_t> max_tokens,
+                                                            std::string_view endpoint) {
+  const auto prompt = static_cast<int64_t>(request.prompt_ids.size());
+  const int32_t ctx = engine_.context_size;
+  if (prompt == 0) {
+    return error(invalid_request("The prompt is empty after tokenization.", "prompt", "invalid_value"),
+                 endpoint, request.id);
+  }
+  if (prompt >= ctx) {
+    return error(
+        invalid_request(fmt::format("This model's maximum context length is {} tokens, but the prompt has {} "
+                                    "tokens, which leaves no room to generate. Shorten the prompt or start "
+                                    "the server with a larger --ctx-size.",
+                                    ctx, prompt),
+                        endpoint == "/v1/completions" ? "prompt" : "messages", "context_length_exceeded"),
+        endpoint, request.id);
+  }
+  // An explicit max_tokens beyond the context is capped (finish_reason "length" when it fills up), which
+  // suits agents that always ask for a large budget.
+  const auto room = static_cast<int32_t>(ctx - prompt);
+  request.max_tokens = max_tokens ? std::min(*max_tokens, room) : room;
+  request.stop_token_ids = frontend_.prompts->stop_token_ids();
+  const std::string id = request.id;
+  auto handle = scheduler_.submit(std::move(request), std::move(stop));
+  if (!handle) {
+    const QueueGauges q = scheduler_.gauges();
+    ApiError e =
+        api_error(503, "server_error",
+                  fmt::format("The server is busy: {} requests are already waiting for the engine (the "
+                              "limit set by --max-queue). Retry after a few seconds.",
+                              q.waiting),
+                  "queue_full");
+    Reply r = error(e, endpoint, id);
+    r.headers.emplace_back("Retry-After", std::to_string(options_.retry_after_seconds));
+    return r;
+  }
+  Admitted a;
+  a.handle = std::move(handle);
+  a.meta = ResponseMeta{
+      .id = id, .created = unix_now(), .model = options_.model_names[0], .system_fingerprint = fingerprint_};
+  a.endpoint = std::string(endpoint);
+  a.start = Clock::now();
+  return a;
+}
+
+std::optional<ApiService::Collected> ApiService::collect(Admitted& a, ClientConnection& client) {
+  Collected c;
+  for (;;) {
+    auto ev = a.handle->next(options_.poll_interval);
+    if (!ev) {
+      if (client.alive()) continue;
+      a.handle->cancel();
+      log_finished(a, 499, await_finish(*a.handle), "client disconnected");
+      return std::nullopt;
+    }
+    if (ev->kind == StreamEvent::Kind::kFinished) {
+      c.result = std::move(ev->result);
+      return c;
+    }
+    c.text += ev->output.text;
+    for (auto& lp : ev->output.logprobs) c.logprobs.push_back(std::move(lp));
+  }
+}
+
+std::optional<GenerationResult> ApiService::pump(Admitted& a, StreamWriter& writer,
+                                                 const std::function<bool(GenerationOutput&)>& on_output) {
+  bool gone = writer.failed();
+  while (!gone) {
+    auto ev = a.handle->next(options_.poll_interval);
+    if (!ev) {
+      // Comments keep proxies and clients from timing out during long prefills and queue waits; a failed
+      // write or a closed socket means the client left.
+      if (writer.since_last_write() >= options_.keepalive_interval) {
+        gone = !writer.raw(sse_comment("keep-alive"));
+      } else {
+        gone = !writer.client().alive();
+      }
+      continue;
+    }
+    if (ev->kind == StreamEvent::Kind::kFinished) return std::move(ev->result);
+    gone = !on_output(ev->output) || writer.failed();
+  }
+  a.handle->cancel();
+  log_finished(a, 200, await_finish(*a.handle), "client disconnected mid-stream");
+  return std::nullopt;
+}
+
+Reply ApiService::engine_failure(const Admitted& a, const GenerationResult& r) const {
+  log_finished(a, r.reason == FinishReason::kError ? 500 : 503, r, r.error);
+  if (r.reason == FinishReason::kError) {
+    return error(api_error(500, "server_error", "Generation failed: " + r.error), a.endpoint, a.meta.id);
+  }
+  return error(api_error(503, "server_error", "The server is shutting down.", "shutting_down"), a.endpoint,
+               a.meta.id);
+}
+
+void ApiService::log_finished(const Admitted& a, int status, const GenerationResult& r,
+                              std::string_view note) const {
+  const GenerationStats& s = r.stats;
+  const double tps =
+      s.decode_seconds > 0 && s.completion_tokens > 1 ? (s.completion_tokens - 1) / s.decode_seconds : 0.0;
+  const double per_step =
+      s.decode_steps > 0 ? 1.0 + static_cast<double>(s.accepted_draft_tokens) / s.decode_steps : 0.0;
+  PD_LOG_INFO(
+      "{} {} {} finish={} prompt={} (cached {}) completion={} queue={:.3f}s prefill={:.3f}s decode={:.3f}s "
+      "{:.1f} tok/s mtp={:.2f} tok/step total={:.3f}s{}{}",
+      a.meta.id, a.endpoint, status, finish_reason_name(r.reason), s.prompt_tokens, s.cached_prompt_tokens,
+      s.completion_tokens, a.handle->queue_seconds(), s.prefill_seconds, s.decode_seconds, tps, per_step,
+      seconds_since(a.start), note.empty() ? "" : " ", note);
+}
+
+Reply ApiService::list_models() const {
+  Json data = Json::array();
+  data.push_back({{"id", options_.model_names[0]},
+                  {"object", "model"},
+                  {"created", started_at_},
+                  {"owned_by", "puredrive"},
+                  {"max_model_len", engine_.context_size}});
+  return json_reply(200, Json{{"object", "list"}, {"data", data}});
+}
+
+Reply ApiService::get_model(std::string_view id) const {
+  for (const auto& name : options_.model_names) {
+    if (name == id) {
+      return json_reply(200, Json{{"id", name},
+                                  {"object", "model"},
+                                  {"created", started_at_},
+                                  {"owned_by", "puredrive"},
+                                  {"max_model_len", engine_.context_size}});
+    }
+  }
+  return error(ApiError{.status = 404,
+                        .type = "invalid_request_error",
+                        .message = fmt::format("The model '{}' does not exist.", id),
+                        .param = "model",
+                        .code = "model_not_found"},
+               "/v1/models");
+}
+
+Reply ApiService::health() const {
+  const QueueGauges q = scheduler_.gauges();
+  return json_reply(200, Json{{"status", "ok"},
+                              {"model", options_.model_names[0]},
+                              {"backend", engine_.backend},
+                              {"queue_length", q.waiting},
+                              {"running", q.running}});
+}
+
+Reply ApiService::metrics() const {
+  Reply r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = metrics_.render(scheduler_.gauges());
+  return r;
+}
+
+}  // namespace pd::server
