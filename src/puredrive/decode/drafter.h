@@ -1,0 +1,55 @@
+// Drafter: what the generator asks for draft tokens in an MTP cycle (spec/speculative.md §1). The real one is
+// the MTP head (mtp_drafter.h); tests and `puredrive check` plug in scripted drafters (scripted_drafter.h)
+// that force full acceptance or a rejection at a chosen offset, so every rollback path gets exercised.
+//
+// Protocol, with x_n the newest committed token (not yet run through the target) at position n:
+//   - observe() hands over target rows as soon as the token after them is known: row r is position
+//     first + r, its final-norm hidden state hidden[r] and next_tokens[r] = x_{first + r + 1}. The prompt
+//     arrives in prefill chunks, then every step's accepted rows; each call continues where the last one
+//     ended. The hidden view is valid only during the call.
+//   - can_draft(n) says whether drafting after position n is possible (the MTP head needs the hidden state
+//     of position n - 1, so not right after a 1-token prompt).
+//   - draft() proposes d_1..d_k for positions n+1..n+k, each drawn with draw_token(rule, q_j, ...) from its
+//     draft distribution q_j, which it returns (kTokenwise / kBlock need them; kGreedy / kSeeded drafters
+//     may leave them empty).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "puredrive/backend/backend.h"
+#include "puredrive/decode/acceptance.h"
+#include "puredrive/decode/sampling_params.h"
+#include "puredrive/decode/seeded_noise.h"
+#include "puredrive/decode/speculative_harness.h"
+#include "puredrive/decode/token_history.h"
+#include "puredrive/model/sequence_state.h"
+#include "puredrive/util/status.h"
+
+namespace pd {
+
+struct DraftContext {
+  std::span<const int32_t> sequence;  // prompt + generated tokens; the last one is x_n
+  int prompt_length = 0;
+  int num_draft = 0;  // k
+  AcceptRule rule = AcceptRule::kGreedy;
+  const SamplingParams* params = nullptr;  // the draft side's (may differ from the target's temperature)
+  TokenHistory* history = nullptr;         // at x_n; a drafter may push its drafts but must pop them again
+  Rng* rng = nullptr;                      // kTokenwise / kBlock draws
+  uint64_t seed = 0;                       // kSeeded noise
+
+  int64_t position() const { return static_cast<int64_t>(sequence.size()) - 1; }  // n
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // A new sequence starts (drops whatever was observed).
+  virtual void reset() = 0;
+  virtual Status observe(SequenceState& state, int first, std::span<const int32_t> next_tokens,
+                         const Tensor& hidden) = 0;
+  virtual bool can_draft(int64_t position) const = 0;
+  virtual Status draft(SequenceState& state, const DraftContext& ctx, DraftBlock* out) = 0;
+};
+
+}  // namespace pd

@@ -1,0 +1,412 @@
+#include "puredrive/decode/generator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "puredrive/decode/mtp_drafter.h"
+
+namespace pd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// log_softmax of a raw logits row: the chosen token's log-probability and the n most likely tokens
+// (logprob desc, id asc).
+TokenLogprobs raw_logprobs(std::span<const float> logits, int32_t token, int n) {
+  double max_logit = -std::numeric_limits<double>::infinity();
+  for (float z : logits) max_logit = std::max(max_logit, static_cast<double>(z));
+  double sum = 0.0;
+  for (float z : logits) sum += std::exp(static_cast<double>(z) - max_logit);
+  const double log_z = max_logit + std::log(sum);
+  TokenLogprobs out;
+  out.token = token;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
+  if (n > 0) {
+    std::vector<int32_t> ids(logits.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t m = std::min(static_cast<size_t>(n), ids.size());
+    std::partial_sort(
+        ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(m), ids.end(),
+        [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (size_t i = 0; i < m; ++i) out.top.emplace_back(ids[i], static_cast<float>(logits[ids[i]] - log_z));
+  }
+  return out;
+}
+
+Status check_request(const DecodeRequest& r, int vocab, int ctx_size, int max_draft, bool has_drafter) {
+  if (r.prompt.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty");
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= vocab) {
+      return make_error(ErrorCode::kInvalidArgument, "prompt token {} is {}, outside the vocabulary [0, {})",
+                        i, r.prompt[i], vocab);
+    }
+  }
+  if (static_cast<int64_t>(r.prompt.size()) >= ctx_size) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the prompt has {} tokens; the context holds {}, which leaves no room to generate",
+                      r.prompt.size(), ctx_size);
+  }
+  if (r.max_tokens < 0) return make_error(ErrorCode::kInvalidArgument, "max_tokens is {}", r.max_tokens);
+  PD_TRY(r.sampling.validate(vocab));
+  if (r.num_draft < 0 || r.num_draft > max_draft) {
+    return make_error(ErrorCode::kInvalidArgument, "MTP draft length {} must be in 0..{}", r.num_draft,
+                      max_draft);
+  }
+  if (r.num_draft > 0 && !has_drafter) {
+    return make_error(ErrorCode::kUnsupported,
+                      "MTP draft length {} asked, but this model has no MTP head (use plain decoding)",
+                      r.num_draft);
+  }
+  const AcceptRule rule =
+      r.verifier ? r.verifier->rule() : r.rule.value_or(choose_accept_rule(r.sampling, r.block_verification));
+  if (rule == AcceptRule::kGreedy && !r.sampling.is_greedy()) {
+    return make_error(ErrorCode::kInvalidArgument, "greedy acceptance needs temperature 0, got {}",
+                      r.sampling.temperature);
+  }
+  if (rule == AcceptRule::kSeeded && !r.sampling.seed) {
+    return make_error(ErrorCode::kInvalidArgument, "seeded acceptance needs a seed");
+  }
+  if (r.draft_temperature && !(*r.draft_temperature >= 0.0f && std::isfinite(*r.draft_temperature))) {
+    return make_error(ErrorCode::kInvalidArgument, "draft temperature must be >= 0, got {}",
+                      *r.draft_temperature);
+  }
+  if (r.top_logprobs > SamplingParams::kMaxTopLogprobs) {
+    return make_error(ErrorCode::kInvalidArgument, "top_logprobs must be in -1..{}, got {}",
+                      SamplingParams::kMaxTopLogprobs, r.top_logprobs);
+  }
+  for (int32_t t : r.stop_token_ids) {
+    if (t < 0 || t >= vocab) {
+      return make_error(ErrorCode::kInvalidArgument, "stop token id {} is outside the vocabulary [0, {})", t,
+                        vocab);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kContextFull:
+      return "context_full";
+    case FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
+std::string DecodeResult::summary() const {
+  std::string s = fmt::format("{} tokens, {} steps ({} plain)", tokens.size(), steps, plain_steps);
+  if (accept.cycles > 0) {
+    s += fmt::format(", tokens/cycle {:.2f}, accepted {:.1f}% (per position", accept.tokens_per_cycle(),
+                     100.0 * accept.acceptance_rate());
+    for (size_t j = 0; j < accept.proposed_at.size(); ++j) {
+      s += fmt::format(" {:.1f}%", 100.0 * accept.acceptance_rate_at(j));
+    }
+    s += ")";
+  }
+  const double d = decode_seconds > 0 ? decode_seconds : 1.0;
+  s += fmt::format(", prefill {:.3f} s, decode {:.3f} s (draft {:.0f}%, target {:.0f}%, sampling {:.0f}%)",
+                   prefill_seconds, decode_seconds, 100.0 * accept.draft_seconds / d,
+                   100.0 * target_seconds / d, 100.0 * sample_seconds / d);
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+
+// The state of one request.
+class Generator::Run {
+ public:
+  Run(Generator& g, const DecodeRequest& r, const ChunkSink& sink)
+      : g_(g),
+        r_(r),
+        sink_(sink),
+        vocab_(g.vocab_size()),
+        history_(vocab_),
+        draft_rng_(splitmix64_mix((r.sampling.seed ? *r.sampling.seed : r.rng_seed) ^ 0x6472616674ULL)),
+        accept_rng_(splitmix64_mix((r.sampling.seed ? *r.sampling.seed : r.rng_seed) ^ 0x746172676574ULL)),
+        verifier_(r.verifier
+                      ? *r.verifier
+                      : Verifier(r.rule.value_or(choose_accept_rule(r.sampling, r.block_verification)))),
+        // Plain decoding leaves the drafter alone: no MTP work at all.
+        drafter_(r.num_draft == 0       ? nullptr
+                 : r.drafter != nullptr ? r.drafter
+                                        : g.drafter_.get()) {
+    draft_params_ = r.sampling;
+    if (r.draft_temperature && !r.sampling.is_greedy()) draft_params_.temperature = *r.draft_temperature;
+    seed_ = r.sampling.seed.value_or(0);
+  }
+
+  Expected<DecodeResult> run() {
+    SequenceState& st = g_.state_;
+    PD_TRY(st.reset());
+    if (drafter_) drafter_->reset();
+    history_.add_prompt(r_.prompt);
+    seq_ = r_.prompt;
+    const auto t0 = Clock::now();
+    if (r_.max_tokens == 0) {
+      result_.reason = FinishReason::kLength;
+      return std::move(result_);
+    }
+    PD_TRY(prefill());
+    result_.prefill_seconds = seconds_since(t0);
+    const auto t1 = Clock::now();
+    while (!done_) {
+      if (r_.cancelled && r_.cancelled()) {
+        finish(FinishReason::kCancelled);
+        break;
+      }
+      const int total = static_cast<int>(seq_.size());
+      // No drafts that could not be emitted: a cycle emits at most k + 1 tokens, within max_tokens and the
+      // context.
+      const int k = std::min({r_.num_draft, r_.max_tokens - generated() - 1, st.capacity() - total - 1,
+                              g_.model_.max_rows() - 1, st.max_rows() - 1});
+      const int64_t n = total - 1;
+      if (k >= 1 && drafter_ && drafter_->can_draft(n)) {
+        PD_TRY(cycle(k));
+      } else {
+        PD_TRY(plain_step());
+      }
+    }
+    result_.decode_seconds = seconds_since(t1);
+    result_.tokens.assign(seq_.begin() + static_cast<std::ptrdiff_t>(r_.prompt.size()), seq_.end());
+    return std::move(result_);
+  }
+
+ private:
+  int generated() const { return static_cast<int>(seq_.size() - r_.prompt.size()); }
+
+  // All prompt tokens but the last; the drafter observes every row (its next token is known).
+  Status prefill() {
+    SequenceState& st = g_.state_;
+    const int count = static_cast<int>(r_.prompt.size()) - 1;
+    const int chunk = g_.model_.max_rows();
+    std::vector<int32_t> positions;
+    for (int begin = 0; begin < count; begin += chunk) {
+      if (r_.cancelled && r_.cancelled()) return Status::ok();  // run() sees it next
+      const int rows = std::min(chunk, count - begin);
+      positions.resize(static_cast<size_t>(rows));
+      std::iota(positions.begin(), positions.end(), begin);
+      const std::span<const int32_t> tokens = std::span(r_.prompt).subspan(static_cast<size_t>(begin), rows);
+      PD_ASSIGN_OR_RETURN(StepOutput out,
+                          g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}}));
+      if (drafter_) {
+        PD_TRY(drafter_->observe(
+            st, begin, std::span(r_.prompt).subspan(static_cast<size_t>(begin) + 1, rows), out.hidden));
+      }
+    }
+    return Status::ok();
+  }
+
+  Status download_rows(const Tensor& logits) {
+    logits_.resize(static_cast<size_t>(logits.rows * logits.cols));
+    return g_.model_.backend().download(logits_.data(), logits);
+  }
+  std::span<const float> row(int r) const {
+    return std::span(logits_).subspan(static_cast<size_t>(r) * vocab_, static_cast<size_t>(vocab_));
+  }
+
+  Status plain_step() {
+    SequenceState& st = g_.state_;
+    const int32_t token = seq_.back();
+    const auto position = static_cast<int32_t>(seq_.size() - 1);
+    auto t0 = Clock::now();
+    PD_ASSIGN_OR_RETURN(StepOutput out, g_.model_.forward(st, std::span(&token, 1), std::span(&position, 1),
+                                                          {.logits = LogitRows::kLast, .tap = {}}));
+    PD_TRY(download_rows(out.logits));
+    result_.target_seconds += seconds_since(t0);
+    ++result_.steps;
+    ++result_.plain_steps;
+    t0 = Clock::now();
+    target_.resize(1);
+    PD_TRY(process_logits(row(0), r_.sampling, &history_, &target_[0]));
+    const int32_t y = draw_token(verifier_.rule(), target_[0], accept_rng_, seed_, position + 1);
+    result_.sample_seconds += seconds_since(t0);
+    emitted_.assign(1, y);
+    PD_TRY(emit(/*first_row_of_token=*/0));
+    if (!done_ && drafter_) PD_TRY(drafter_->observe(st, position, emitted_, out.hidden));
+    return Status::ok();
+  }
+
+  Status cycle(int k) {
+    SequenceState& st = g_.state_;
+    const auto n = static_cast<int32_t>(seq_.size() - 1);
+    // Draft.
+    auto t0 = Clock::now();
+    const DraftContext ctx{.sequence = seq_,
+                           .prompt_length = static_cast<int>(r_.prompt.size()),
+                           .num_draft = k,
+                           .rule = verifier_.rule(),
+                           .params = &draft_params_,
+                           .history = &history_,
+                           .rng = &draft_rng_,
+                           .seed = seed_};
+    PD_TRY(drafter_->draft(st, ctx, &block_));
+    if (static_cast<int>(block_.tokens.size()) != k) {
+      return make_error(ErrorCode::kInternal, "drafter proposed {} tokens, {} asked", block_.tokens.size(),
+                        k);
+    }
+    for (int32_t d : block_.tokens) {
+      if (d < 0 || d >= vocab_) return make_error(ErrorCode::kInternal, "drafter proposed token {}", d);
+    }
+    result_.accept.draft_seconds += seconds_since(t0);
+
+    // Verify: one target step over [x_n, d_1..d_k].
+    t0 = Clock::now();
+    rows_.assign(1, seq_.back());
+    rows_.insert(rows_.end(), block_.tokens.begin(), block_.tokens.end());
+    positions_.resize(rows_.size());
+    std::iota(positions_.begin(), positions_.end(), n);
+    PD_ASSIGN_OR_RETURN(StepOutput out,
+                        g_.model_.forward(st, rows_, positions_, {.logits = LogitRows::kAll, .tap = {}}));
+    PD_TRY(download_rows(out.logits));
+    const double verify = seconds_since(t0);
+    result_.accept.verify_seconds += verify;
+    result_.target_seconds += verify;
+    ++result_.steps;
+
+    // p_j with the history of row j (d_1..d_j pushed), then accept.
+    t0 = Clock::now();
+    target_.resize(static_cast<size_t>(k) + 1);
+    Status status = Status::ok();
+    int pushed = 0;
+    for (int j = 0; j <= k && status.is_ok(); ++j) {
+      if (j > 0) {
+        history_.push(block_.tokens[static_cast<size_t>(j) - 1]);
+        ++pushed;
+      }
+      status = process_logits(row(j), r_.sampling, &history_, &target_[static_cast<size_t>(j)]);
+    }
+    for (int j = pushed; j > 0; --j) history_.pop(block_.tokens[static_cast<size_t>(j) - 1]);
+    PD_TRY(status);
+    const bool need_q = verifier_.rule() == AcceptRule::kTokenwise || verifier_.rule() == AcceptRule::kBlock;
+    if (need_q && block_.dists.size() != static_cast<size_t>(k)) {
+      return make_error(ErrorCode::kInternal, "drafter returned {} draft distributions for {} drafts",
+                        block_.dists.size(), k);
+    }
+    const VerifyInput in{.drafts = block_.tokens,
+                         .target = target_,
+                         .draft = need_q ? std::span<const TokenDistribution>(block_.dists)
+                                         : std::span<const TokenDistribution>(),
+                         .seed = seed_,
+                         .first_position = n + 1};
+    const AcceptResult acc = verifier_.accept(in, accept_rng_);
+    result_.sample_seconds += seconds_since(t0);
+    result_.accept.record(k, acc.num_accepted);
+    result_.cycle_accepted.push_back(acc.num_accepted);
+
+    // Commit d_1..d_a, y; drop the rejected rows.
+    const int a = acc.num_accepted;
+    emitted_.assign(block_.tokens.begin(), block_.tokens.begin() + a);
+    emitted_.push_back(acc.next_token);
+    PD_TRY(emit(0));
+    // The verify rows that stay are x_n and the drafts before the last emitted token (a stop may have cut
+    // the cycle short), so the state always ends as plain decoding would leave it.
+    const int kept = static_cast<int>(emitted_.size());
+    if (kept < k + 1) PD_TRY(st.rewind(n + kept));
+    if (done_) return Status::ok();
+    return drafter_->observe(st, n, emitted_, out.hidden.row_slice(0, kept));
+  }
+
+  // Appends emitted_ (token i came from logits row first_row + i) and applies the stop conditions, cutting
+  // the chunk after the token that stops.
+  Status emit(int first_row) {
+    size_t count = 0;
+    logprobs_.clear();
+    for (int32_t t : emitted_) {
+      if (r_.top_logprobs >= 0) {
+        logprobs_.push_back(raw_logprobs(row(first_row + static_cast<int>(count)), t, r_.top_logprobs));
+      }
+      seq_.push_back(t);
+      history_.push(t);
+      ++count;
+      if (std::find(r_.stop_token_ids.begin(), r_.stop_token_ids.end(), t) != r_.stop_token_ids.end()) {
+        finish(FinishReason::kStop);
+      } else if (generated() >= r_.max_tokens) {
+        finish(FinishReason::kLength);
+      } else if (static_cast<int>(seq_.size()) >= g_.state_.capacity()) {
+        finish(FinishReason::kContextFull);
+      }
+      if (done_) break;
+    }
+    emitted_.resize(count);
+    if (r_.keep_last_logits && count > 0) {
+      const std::span<const float> last = row(first_row + static_cast<int>(count) - 1);
+      result_.last_logits.assign(last.begin(), last.end());
+    }
+    if (sink_ && !sink_(DecodeChunk{.tokens = emitted_, .logprobs = logprobs_}) && !done_) {
+      finish(FinishReason::kCancelled);
+    }
+    return Status::ok();
+  }
+
+  void finish(FinishReason reason) {
+    done_ = true;
+    result_.reason = reason;
+  }
+
+  Generator& g_;
+  const DecodeRequest& r_;
+  const ChunkSink& sink_;
+  const int vocab_;
+  TokenHistory history_;
+  Rng draft_rng_;
+  Rng accept_rng_;
+  Verifier verifier_;
+  Drafter* drafter_;  // may be null: plain decoding only
+  SamplingParams draft_params_;
+  uint64_t seed_ = 0;
+
+  std::vector<int32_t> seq_;  // prompt + generated
+  bool done_ = false;
+  DecodeResult result_;
+  // Reused per step.
+  std::vector<float> logits_;
+  std::vector<TokenDistribution> target_;
+  DraftBlock block_;
+  std::vector<int32_t> rows_, positions_, emitted_;
+  std::vector<TokenLogprobs> logprobs_;
+};
+
+Expected<std::unique_ptr<Generator>> Generator::create(Model& model, const GeneratorOptions& options) {
+  if (options.max_draft < 0 || options.max_draft + 1 > model.max_rows()) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "MTP draft length up to {} needs {} rows per step; the model takes {}",
+                      options.max_draft, options.max_draft + 1, model.max_rows());
+  }
+  if (options.ctx_size < 2) {
+    return make_error(ErrorCode::kInvalidArgument, "context size must be at least 2, got {}",
+                      options.ctx_size);
+  }
+  PD_ASSIGN_OR_RETURN(SequenceState state, model.new_state({.ctx_size = options.ctx_size,
+                                                            .kv_dtype = options.kv_dtype,
+                                                            .max_rows = std::max(2, options.max_draft + 1)}));
+  auto g = std::unique_ptr<Generator>(new Generator(model, options, std::move(state)));
+  if (options.mtp && model.has_mtp() && options.max_draft > 0) {
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<MtpDrafter> d, MtpDrafter::create(model));
+    g->drafter_ = std::move(d);
+  }
+  return g;
+}
+
+Expected<DecodeResult> Generator::generate(const DecodeRequest& request, const ChunkSink& sink) {
+  PD_TRY(check_request(request, vocab_size(), options_.ctx_size, options_.max_draft,
+                       drafter_ != nullptr || request.drafter != nullptr));
+  Run run(*this, request, sink);
+  return run.run();
+}
+
+}  // namespace pd

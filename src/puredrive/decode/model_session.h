@@ -1,0 +1,42 @@
+// ModelSession: everything `generate`, `check` and `serve` load from a model directory, in dependency order:
+// checkpoint (mapped weights) -> backend -> model -> tokenizer (when tokenizer.json exists) -> generation
+// defaults (EOS ids, sampling) -> generator. The memory plan is checked from config.json before any weight
+// is mapped, and again with the real weights.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "puredrive/backend/backend.h"
+#include "puredrive/checkpoint/loader.h"
+#include "puredrive/decode/generator.h"
+#include "puredrive/decode/model_defaults.h"
+#include "puredrive/model/model.h"
+#include "puredrive/tokenizer/tokenizer.h"
+
+namespace pd {
+
+struct SessionOptions {
+  std::string model_dir;
+  std::string backend = "cpu";
+  int threads = 0;  // CPU threads, <= 0: all cores
+  int ctx_size = 4096;
+  DType kv_dtype = DType::kBF16;
+  int prefill_chunk = 64;  // rows per prefill step (the model's max rows is at least max_draft + 1)
+  int max_draft = 4;
+  bool mtp = true;  // attach the MTP drafter when the checkpoint has a head
+};
+
+struct ModelSession {
+  Checkpoint checkpoint;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::optional<Tokenizer> tokenizer;
+  GenerationDefaults defaults;
+  std::unique_ptr<Generator> generator;
+
+  static Expected<std::unique_ptr<ModelSession>> open(const SessionOptions& options);
+};
+
+}  // namespace pd

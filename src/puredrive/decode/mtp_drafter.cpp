@@ -1,0 +1,105 @@
+#include "puredrive/decode/mtp_drafter.h"
+
+#include <numeric>
+
+namespace pd {
+
+Expected<std::unique_ptr<MtpDrafter>> MtpDrafter::create(Model& model) {
+  if (!model.has_mtp()) {
+    return make_error(ErrorCode::kUnsupported,
+                      "the checkpoint has no MTP head (mtp.* tensors): speculative decoding needs one; use "
+                      "plain decoding (--no-mtp)");
+  }
+  PD_ASSIGN_OR_RETURN(Buffer pending,
+                      model.backend().alloc(DType::kF32, model.max_rows(), model.config().hidden_size));
+  auto d = std::unique_ptr<MtpDrafter>(new MtpDrafter(model, std::move(pending)));
+  d->logits_.resize(static_cast<size_t>(model.config().vocab_size));
+  return d;
+}
+
+void MtpDrafter::reset() {
+  pending_tokens_.clear();
+  pending_first_ = 0;
+  observed_end_ = 0;
+}
+
+Status MtpDrafter::observe(SequenceState& state, int first, std::span<const int32_t> next_tokens,
+                           const Tensor& hidden) {
+  const auto rows = static_cast<int>(next_tokens.size());
+  if (rows == 0) return Status::ok();
+  if (first != observed_end_ || hidden.rows != rows) {
+    return make_error(ErrorCode::kInternal,
+                      "MTP drafter: observed {} rows ({} hidden rows) at position {}, expected {}", rows,
+                      hidden.rows, first, observed_end_);
+  }
+  const int cap = static_cast<int>(pending_hidden_.tensor().rows);
+  if (rows > cap) return make_error(ErrorCode::kInternal, "MTP drafter: {} rows exceed {}", rows, cap);
+  if (static_cast<int>(pending_tokens_.size()) + rows > cap) {
+    PD_ASSIGN_OR_RETURN(StepOutput flushed, flush(state, LogitRows::kNone));
+    (void)flushed;
+  }
+  if (pending_tokens_.empty()) pending_first_ = first;
+  const auto at = static_cast<int64_t>(pending_tokens_.size());
+  PD_TRY(model_.backend().copy(pending_hidden_.row_slice(at, rows), hidden));
+  pending_tokens_.insert(pending_tokens_.end(), next_tokens.begin(), next_tokens.end());
+  observed_end_ = first + rows;
+  return Status::ok();
+}
+
+bool MtpDrafter::can_draft(int64_t position) const {
+  return !pending_tokens_.empty() && observed_end_ == position;
+}
+
+Expected<StepOutput> MtpDrafter::flush(SequenceState& state, LogitRows logits) {
+  const auto n = static_cast<int>(pending_tokens_.size());
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  std::iota(positions.begin(), positions.end(), pending_first_);
+  // Entries after the first pending row are stale drafts of an earlier cycle (or another sequence).
+  state.truncate_mtp(pending_first_);
+  PD_ASSIGN_OR_RETURN(StepOutput out,
+                      model_.mtp_forward(state, pending_tokens_, positions, pending_hidden_.row_slice(0, n),
+                                         {.logits = logits, .tap = {}}));
+  pending_tokens_.clear();
+  return out;
+}
+
+Status MtpDrafter::draft(SequenceState& state, const DraftContext& ctx, DraftBlock* out) {
+  const int64_t n = ctx.position();
+  if (!can_draft(n) || pending_tokens_.back() != ctx.sequence.back()) {
+    return make_error(ErrorCode::kInternal,
+                      "MTP drafter: asked to draft after position {} but observed up to {}", n,
+                      observed_end_);
+  }
+  Backend& be = model_.backend();
+  out->tokens.clear();
+  out->dists.resize(static_cast<size_t>(ctx.num_draft));
+  PD_ASSIGN_OR_RETURN(StepOutput step, flush(state, LogitRows::kLast));
+  Status status = Status::ok();
+  for (int j = 0; j < ctx.num_draft; ++j) {
+    if (j > 0) {
+      // Chain: (d_j, the previous post-norm hidden) at position n + j - 1 predicts d_{j+1}.
+      const int32_t token = out->tokens.back();
+      const auto position = static_cast<int32_t>(n + j - 1);
+      Expected<StepOutput> next = model_.mtp_forward(state, std::span(&token, 1), std::span(&position, 1),
+                                                     step.hidden.row_slice(step.hidden.rows - 1, 1),
+                                                     {.logits = LogitRows::kLast, .tap = {}});
+      if (!next) {
+        status = next.status();
+        break;
+      }
+      step = *next;
+    }
+    status = be.download(logits_.data(), step.logits);
+    if (status.is_ok()) status = process_logits(logits_, *ctx.params, ctx.history, &out->dists[j]);
+    if (!status.is_ok()) break;
+    const int32_t d = draw_token(ctx.rule, out->dists[j], *ctx.rng, ctx.seed, n + j + 1);
+    out->tokens.push_back(d);
+    if (ctx.history != nullptr) ctx.history->push(d);
+  }
+  if (ctx.history != nullptr) {
+    for (auto it = out->tokens.rbegin(); it != out->tokens.rend(); ++it) ctx.history->pop(*it);
+  }
+  return status;
+}
+
+}  // namespace pd

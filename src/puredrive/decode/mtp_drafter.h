@@ -1,0 +1,44 @@
+// MtpDrafter: drafts with the model's MTP head (spec/qwen3_5_moe.md §8, spec/speculative.md §1).
+//
+// The head's row at position i takes (embedding of x_{i+1}, the target's final-norm hidden at i) and predicts
+// x_{i+2}; its KV cache must hold such a row for every committed position. observe()d rows are kept pending
+// (token + a copy of the hidden) and run in one mtp_forward together with the first draft step: the last
+// pending row (x_n, h_{n-1}, n-1) is exactly the row that predicts d_1. d_2..d_k chain on the head's own
+// output (token d_{j-1}, the previous post-mtp.norm hidden, position n+j-2). The chained rows write
+// speculative KV entries at positions n..n+k-2; the next cycle's observe() overwrites them with the
+// committed rows.
+#pragma once
+
+#include <vector>
+
+#include "puredrive/decode/drafter.h"
+#include "puredrive/decode/sampler.h"
+#include "puredrive/model/model.h"
+
+namespace pd {
+
+class MtpDrafter : public Drafter {
+ public:
+  static Expected<std::unique_ptr<MtpDrafter>> create(Model& model);
+
+  void reset() override;
+  Status observe(SequenceState& state, int first, std::span<const int32_t> next_tokens,
+                 const Tensor& hidden) override;
+  bool can_draft(int64_t position) const override;
+  Status draft(SequenceState& state, const DraftContext& ctx, DraftBlock* out) override;
+
+ private:
+  MtpDrafter(Model& model, Buffer pending_hidden)
+      : model_(model), pending_hidden_(std::move(pending_hidden)) {}
+  // Runs the pending rows through the head; returns the step output (logits of the last row when asked).
+  Expected<StepOutput> flush(SequenceState& state, LogitRows logits);
+
+  Model& model_;
+  Buffer pending_hidden_;  // F32 [max_rows, H]: hidden states of the pending rows
+  std::vector<int32_t> pending_tokens_;
+  int pending_first_ = 0;      // position of the first pending row
+  int observed_end_ = 0;       // one past the last observed position
+  std::vector<float> logits_;  // [V] host copy of a draft row
+};
+
+}  // namespace pd

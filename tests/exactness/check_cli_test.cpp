@@ -1,0 +1,88 @@
+// `puredrive check` end to end: it passes on every fixture, and it fails loudly (exit status 1, FAIL rows,
+// "check FAILED") when the hidden flag forces a wrong acceptance rule. The small-vocabulary fixture runs the
+// chi-square gate at full size (20,000 samples); the others skip it (vocabulary > 64). Identity gates run
+// 64 tokens (32 on the tiny coder) to keep the test short; greedy_identity_test.cpp runs 256.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "golden/fixture_util.h"
+
+namespace pd {
+namespace {
+
+struct CliRun {
+  int rc = -1;
+  std::string out;  // stdout + stderr
+};
+
+CliRun run(const std::string& args) {
+  CliRun r;
+  const std::string cmd = std::string(PD_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+constexpr const char* kSmallVocab = "qwen35-smallvocab-f32";
+
+class CheckCli : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CheckCli, PassesOnTheFixture) {
+  const bool small_vocab = GetParam() == kSmallVocab;
+  // Short identity runs (the identity tests run 256 tokens); the chi-square runs at its full 20,000 samples.
+  const int tokens = GetParam() == "tiny-coder" ? 32 : 64;
+  const CliRun r = run(
+      fmt::format("check --model {}/{} --threads 1 --tokens {}", golden::fixtures_dir(), GetParam(), tokens));
+  std::printf("%s\n", r.out.c_str());
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("check PASSED"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("row exactness"), std::string::npos);
+  EXPECT_NE(r.out.find("greedy identity"), std::string::npos);
+  EXPECT_NE(r.out.find("seeded identity"), std::string::npos);
+  if (small_vocab) {
+    EXPECT_NE(r.out.find("N=20000"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("block >= token     ok"), std::string::npos) << r.out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CheckCli, ::testing::ValuesIn(golden::fixture_names()),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string s = i.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+TEST(CheckCliFaulty, WrongRulesFailLoudly) {
+  for (const char* rule : {"uncapped", "first-failure"}) {
+    const CliRun r =
+        run(fmt::format("check --model {}/{} --threads 1 --gates chi-square --testonly-faulty-rule {}",
+                        golden::fixtures_dir(), kSmallVocab, rule));
+    std::printf("%s\n", r.out.c_str());
+    EXPECT_EQ(r.rc, 1) << rule << "\n" << r.out;
+    EXPECT_NE(r.out.find("check FAILED"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("chi-square         FAIL"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("WRONG rule"), std::string::npos) << r.out;
+  }
+}
+
+TEST(CheckCliFaulty, AFaultNoGateCanSeeIsAFailureToo) {
+  // Vocabulary 256: no chi-square by default, so the forced fault cannot be detected; check must not pass.
+  const CliRun r =
+      run(fmt::format("check --model {}/qwen35-text-f32 --threads 1 --gates row --testonly-faulty-rule "
+                      "uncapped",
+                      golden::fixtures_dir()));
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("faulty rule"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace pd

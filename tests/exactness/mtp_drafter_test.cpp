@@ -1,0 +1,84 @@
+// The MTP drafter against the fixtures' reference MTP chain (tools/reference/mtp_reference.py, FORMAT.md):
+// after the prompt's rows are observed (token x_{i+1}, the target's final hidden at i) and the greedy token
+// is appended, drafting k tokens greedily gives the reference chain tokens, and the draft logits of every
+// chain step match the reference logits within the fixture's tolerance.
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "exactness/generator_test_util.h"
+#include "puredrive/decode/mtp_drafter.h"
+
+namespace pd::exactness {
+namespace {
+
+class MtpDrafterReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MtpDrafterReference, ChainMatchesTheReference) {
+  Expected<std::unique_ptr<golden::Fixture>> fx_or = golden::Fixture::open(GetParam(), 1, 16);
+  ASSERT_TRUE(fx_or.has_value()) << fx_or.status().to_string();
+  golden::Fixture& fx = **fx_or;
+  Expected<std::unique_ptr<MtpDrafter>> drafter = MtpDrafter::create(*fx.model);
+  ASSERT_TRUE(drafter.has_value()) << drafter.status().to_string();
+  const int V = fx.config().vocab_size;
+  for (const std::string& p : fx.prompts) {
+    SCOPED_TRACE(fmt::format("{} {}", GetParam(), p));
+    const std::vector<int32_t> prompt = fx.ref_ints(p + ".input_ids");
+    const std::vector<int32_t> greedy = fx.ref_ints(p + ".greedy");
+    const std::vector<int32_t> chain = fx.ref_ints(p + ".mtp.chain_tokens");
+    const std::vector<float> chain_logits = fx.ref_floats(p + ".mtp.chain_logits");
+    const int k = static_cast<int>(chain.size());
+    SequenceState st = fx.new_state(256, DType::kF32, 8);
+    (*drafter)->reset();
+    std::vector<int32_t> sequence = prompt;
+    sequence.push_back(greedy[0]);
+    // The prompt through the target in chunks; every row's next token is known (the last one's is greedy[0]).
+    const int T = static_cast<int>(prompt.size());
+    for (int begin = 0; begin < T; begin += fx.model->max_rows()) {
+      const int rows = std::min(fx.model->max_rows(), T - begin);
+      std::vector<int32_t> pos(static_cast<size_t>(rows));
+      std::iota(pos.begin(), pos.end(), begin);
+      Expected<StepOutput> o =
+          fx.model->forward(st, std::span(prompt).subspan(static_cast<size_t>(begin), rows), pos,
+                            {.logits = LogitRows::kNone, .tap = {}});
+      ASSERT_TRUE(o.has_value()) << o.status().to_string();
+      ASSERT_TRUE((*drafter)
+                      ->observe(st, begin, std::span(sequence).subspan(static_cast<size_t>(begin) + 1, rows),
+                                o->hidden)
+                      .is_ok());
+    }
+    ASSERT_TRUE((*drafter)->can_draft(T));
+    SamplingParams params;  // temperature 1, no truncation: dists[j].logits are the raw draft logits
+    params.temperature = 1.0f;
+    TokenHistory history(V);
+    Rng rng(1);
+    const DraftContext ctx{.sequence = sequence,
+                           .prompt_length = T,
+                           .num_draft = k,
+                           .rule = AcceptRule::kGreedy,
+                           .params = &params,
+                           .history = &history,
+                           .rng = &rng,
+                           .seed = 0};
+    DraftBlock block;
+    ASSERT_TRUE((*drafter)->draft(st, ctx, &block).is_ok());
+    EXPECT_EQ(block.tokens, chain);
+    ASSERT_EQ(block.dists.size(), chain.size());
+    for (int j = 0; j < k; ++j) {
+      const std::vector<float> want(chain_logits.begin() + static_cast<ptrdiff_t>(j) * V,
+                                    chain_logits.begin() + static_cast<ptrdiff_t>(j + 1) * V);
+      const double err = golden::rel_err(block.dists[static_cast<size_t>(j)].logits, want);
+      EXPECT_LE(err, fx.tolerance) << "draft logits of chain step " << j + 1;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MtpDrafterReference, ::testing::ValuesIn(golden::fixture_names()),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string s = i.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace pd::exactness
