@@ -131,8 +131,11 @@ void identity_gates(ModelSession& s, const CheckArgs& a, Table& t) {
         if (!r) {
           row.detail = r.status().message();
         } else {
+          // Every accepted length 0..k is required once the run is long enough to expect each one (m is
+          // uniform in 0..k, so 10 (k + 1) cycles miss a length with probability below 1e-4).
+          const bool enough = r->stats.cycles >= 10 * (k + 1);
           row.passed = r->identical() && (src != gates::DraftSource::kOracle || r->all_accepted()) &&
-                       (src != gates::DraftSource::kRandomPrefix || r->all_lengths(k));
+                       (src != gates::DraftSource::kRandomPrefix || !enough || r->all_lengths(k));
           row.detail = fmt::format("prompt {:>3} K={} {:<13} {}", prompt.size(), k,
                                    gates::draft_source_name(src), r->summary());
         }

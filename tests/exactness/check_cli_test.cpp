@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "exactness/generator_test_util.h"
 #include "golden/fixture_util.h"
 
 namespace pd {
@@ -36,11 +37,13 @@ constexpr const char* kSmallVocab = "qwen35-smallvocab-f32";
 class CheckCli : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CheckCli, PassesOnTheFixture) {
+  if (exactness::skip_in_reduced_run(GetParam())) GTEST_SKIP() << "reduced (unoptimized) build";
   const bool small_vocab = GetParam() == kSmallVocab;
   // Short identity runs (the identity tests run 256 tokens); the chi-square runs at its full 20,000 samples.
-  const int tokens = GetParam() == "tiny-coder" ? 32 : 64;
-  const CliRun r = run(
-      fmt::format("check --model {}/{} --threads 1 --tokens {}", golden::fixtures_dir(), GetParam(), tokens));
+  const int tokens = exactness::full_or(GetParam() == "tiny-coder" ? 32 : 64, 16);
+  const int samples = exactness::full_or(20000, 1500);
+  const CliRun r = run(fmt::format("check --model {}/{} --threads 1 --tokens {} --samples {}",
+                                   golden::fixtures_dir(), GetParam(), tokens, samples));
   std::printf("%s\n", r.out.c_str());
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("check PASSED"), std::string::npos) << r.out;
@@ -49,7 +52,7 @@ TEST_P(CheckCli, PassesOnTheFixture) {
   EXPECT_NE(r.out.find("greedy identity"), std::string::npos);
   EXPECT_NE(r.out.find("seeded identity"), std::string::npos);
   if (small_vocab) {
-    EXPECT_NE(r.out.find("N=20000"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(fmt::format("N={}", samples)), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("block >= token     ok"), std::string::npos) << r.out;
   }
 }
@@ -62,6 +65,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CheckCli, ::testing::ValuesIn(golden::fixture
                          });
 
 TEST(CheckCliFaulty, WrongRulesFailLoudly) {
+  if (!exactness::kFullSize) GTEST_SKIP() << "rejecting needs the full 20,000 samples (optimized build)";
   for (const char* rule : {"uncapped", "first-failure"}) {
     const CliRun r =
         run(fmt::format("check --model {}/{} --threads 1 --gates chi-square --testonly-faulty-rule {}",

@@ -14,6 +14,22 @@
 
 namespace pd::exactness {
 
+// The sanitizer job builds Debug (-O0) + ASan/UBSan, which runs these tests ~20x slower. There they check
+// memory safety on shorter runs of the same code paths; the full-size claims (256 tokens, 20,000 samples,
+// the trained model) are made by the optimized build, which defines NDEBUG.
+#ifdef NDEBUG
+inline constexpr bool kFullSize = true;
+#else
+inline constexpr bool kFullSize = false;
+#endif
+inline int full_or(int full, int reduced) {
+  return kFullSize ? full : reduced;
+}
+// The trained tiny coder is 30x the size of the random fixtures; the reduced runs leave it out.
+inline bool skip_in_reduced_run(const std::string& fixture) {
+  return !kFullSize && fixture == "tiny-coder";
+}
+
 struct GeneratorFixture {
   std::unique_ptr<golden::Fixture> fx;
   std::unique_ptr<Generator> gen;

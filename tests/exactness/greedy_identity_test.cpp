@@ -15,11 +15,12 @@
 namespace pd::exactness {
 namespace {
 
-constexpr int kTokens = 256;
+const int kTokens = full_or(256, 32);
 
 class GreedyIdentity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GreedyIdentity, MtpCyclesEqualPlainDecoding) {
+  if (skip_in_reduced_run(GetParam())) GTEST_SKIP() << "reduced (unoptimized) build";
   std::unique_ptr<GeneratorFixture> g = GeneratorFixture::open(GetParam());
   ASSERT_NE(g, nullptr);
   ASSERT_TRUE(g->gen->has_drafter()) << GetParam() << " has no MTP head";
@@ -37,9 +38,9 @@ TEST_P(GreedyIdentity, MtpCyclesEqualPlainDecoding) {
     ASSERT_EQ(plain->tokens.size(), static_cast<size_t>(kTokens + 4));
     EXPECT_EQ(plain->reason, FinishReason::kLength);
     const std::vector<int32_t> reference = g->fx->ref_ints(g->fx->prompts[pi] + ".greedy");
-    EXPECT_EQ(std::vector<int32_t>(plain->tokens.begin(),
-                                   plain->tokens.begin() + static_cast<ptrdiff_t>(reference.size())),
-              reference)
+    const auto anchored = static_cast<ptrdiff_t>(std::min(reference.size(), plain->tokens.size()));
+    EXPECT_EQ(std::vector<int32_t>(plain->tokens.begin(), plain->tokens.begin() + anchored),
+              std::vector<int32_t>(reference.begin(), reference.begin() + anchored))
         << "plain greedy decoding disagrees with transformers";
 
     for (int k = 1; k <= 4; ++k) {
@@ -60,7 +61,8 @@ TEST_P(GreedyIdentity, MtpCyclesEqualPlainDecoding) {
         if (source == gates::DraftSource::kOracle) {
           EXPECT_TRUE(r->all_accepted()) << what;
         }
-        if (source == gates::DraftSource::kRandomPrefix) {
+        // (Short reduced runs have too few cycles to see every length.)
+        if (source == gates::DraftSource::kRandomPrefix && kFullSize) {
           EXPECT_TRUE(r->all_lengths(k)) << what;
         }
         if (pi == 2 && k == 2)
