@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -127,7 +128,8 @@ Expected<DecodeRequest> make_request(const GenerateArgs& a, const ModelSession& 
     return make_error(ErrorCode::kInvalidArgument, "--accept greedy needs --temp 0 (got {})",
                       r.sampling.temperature);
   }
-  // Without a seed, token-wise / block draws are still reproducible for a given --seed-less run.
+  // Unseeded sampling draws from a fresh stream each run (--seed makes it reproducible).
+  r.rng_seed = std::random_device{}();
   return r;
 }
 
