@@ -112,6 +112,11 @@ j = json.load(open(sys.argv[1]))
 if not j.get("complete"):
     print(f"  {j['model']['quant']}: INCOMPLETE, {len(j['cells'])} cell(s) finished")
 bw = j["copy_bandwidth_bytes_per_second"] / 1e9
+rx = j.get("row_exact_check")
+if rx:
+    print(f"  {j['model']['quant']}: row-exact check at real dims ({rx['rows']} rows vs one-row steps): "
+          f"logits {rx['logits_equal']}, KV {rx['kv_equal']}, GDN state {rx['gdn_state_equal']} -> "
+          f"{'PASS' if rx['pass'] else 'FAIL'}")
 for c in j["cells"]:
     g = c.get("cuda_graphs") or {}
     print(f"  {j['model']['quant']:>4} ctx {c['context']:>6}: decode {c['decode_tokens_per_second']:7.1f} tok/s, "
@@ -124,6 +129,45 @@ for c in j["cells"]:
         print(f"      {t['op']:<36} {t['ms_per_step']:8.3f} ms/step {100*t['share']:5.1f}%  ({t['calls_per_step']:.0f} calls)")
 PY
 }
+# Kernel-level profile of one eager decode step (the bench marks it with an NVTX range): device time and
+# DRAM bytes of every kernel, grouped by kernel; PD_NCU_QUANTS lists the weight formats (default none).
+ncu_step() {
+  local q=$1
+  local ncu_bin
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu_bin" ] || { row "ncu $q" "SKIPPED (no ncu)"; return; }
+  run_phase "ncu $q decode step" "${PD_NCU_S:-120}" "$ncu_bin" --clock-control none --cache-control none --nvtx \
+    --nvtx-include "pd_decode_step/" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    --csv --print-units base --log-file "$out/ncu_$q.csv" "$bin/puredrive_device" bench --synth qwen3.5-35b-a3b \
+    --quant "$q" --contexts 2k --tokens 4 --verify-iters 1 --profile-steps 1 --prefill-chunk 256
+  [ -f "$out/ncu_$q.csv" ] && python3 - "$out/ncu_$q.csv" "$q" >>"$summary" <<'PY'
+import csv, re, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+head, data = rows[0], rows[1:]
+ix = {k: i for i, k in enumerate(head)}
+per = collections.defaultdict(lambda: [0, 0.0, 0.0])
+launches = set()
+for r in data:
+    name = re.sub(r'\(.*', '', r[ix["Kernel Name"]])
+    name = re.sub(r'^.*::', '', re.sub(r'<.*', '', name))
+    key = (r[ix["ID"]], name)
+    v = float(r[ix["Metric Value"]].replace(',', ''))
+    m = r[ix["Metric Name"]]
+    if key not in launches:
+        launches.add(key)
+        per[name][0] += 1
+    if m == "gpu__time_duration.sum":
+        per[name][1] += v * 1e-9
+    else:
+        per[name][2] += v
+tt = sum(p[1] for p in per.values()); tb = sum(p[2] for p in per.values())
+print(f"  ncu {sys.argv[2]}: {len(launches)} kernels, {tt*1e3:.3f} ms device time, {tb/1e9:.2f} GB DRAM, {tb/tt/1e12:.2f} TB/s")
+for name, (n, t, b) in sorted(per.items(), key=lambda kv: -kv[1][1])[:14]:
+    print(f"      {name:<34} {n:4d} x {t/n*1e6:7.1f} us = {t*1e3:6.3f} ms  {b/t/1e12 if t else 0:5.2f} TB/s")
+PY
+}
+for q in ${PD_NCU_QUANTS:-}; do ncu_step "$q"; done
+
 quants=${PD_QUANTS:-bf16 q8 q6}
 first_q=${quants%% *}
 bench "$first_q" "${PD_FIRST_BENCH_S:-120}" "$contexts"

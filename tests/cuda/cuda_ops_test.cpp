@@ -118,6 +118,45 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
   }
 }
 
+// matmuls (one launch for several matrices of one format and width) gives bitwise what matmul gives for
+// each target; mixed formats fall back to one launch per matrix with the same results.
+TEST_F(CudaOps, MatmulsEqualMatmulPerTarget) {
+  const std::vector<std::vector<FormatCase>> groups = {
+      {{WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
+      {{WeightFormat::kAffine, 6, 64}, {WeightFormat::kAffine, 6, 64}},
+      {{WeightFormat::kF32}, {WeightFormat::kF16}, {WeightFormat::kAffine, 8, 32}}};
+  const std::vector<int64_t> widths = {37, 5, 1, 64};
+  for (const int64_t K : {int64_t{256}, int64_t{2048}}) {
+    for (const std::vector<FormatCase>& g : groups) {
+      std::vector<std::unique_ptr<test::OwnedMatrix>> ws;
+      std::vector<MatrixId> ids;
+      for (size_t i = 0; i < g.size(); ++i) {
+        ws.push_back(test::make_matrix(rng_, widths[i], K, g[i].format, g[i].bits, g[i].group));
+        ids.push_back(gpu_->bind_matrix(ws.back()->m).value());
+      }
+      for (const int R : {1, 3, 8}) {
+        SCOPED_TRACE(fmt::format("{} K={} R={} matrices={}", describe(g[0]), K, R, g.size()));
+        const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
+        Buffer xg = device_tensor(*gpu_, DType::kF32, R, K, x);
+        std::vector<Buffer> fused, single;
+        std::vector<MatmulTarget> targets;
+        for (size_t i = 0; i < g.size(); ++i) {
+          fused.push_back(device_tensor(*gpu_, DType::kF32, R, widths[i], std::vector<float>{}));
+          single.push_back(device_tensor(*gpu_, DType::kF32, R, widths[i], std::vector<float>{}));
+          targets.push_back({ids[i], fused.back().tensor()});
+          ASSERT_TRUE(gpu_->matmul({.w = ids[i], .x = xg.tensor(), .out = single.back().tensor()}).is_ok());
+        }
+        ASSERT_TRUE(gpu_->matmuls({.x = xg.tensor(), .targets = targets}).is_ok());
+        for (size_t i = 0; i < g.size(); ++i) {
+          EXPECT_TRUE(same_bits(download<float>(*gpu_, fused[i].tensor()),
+                                download<float>(*gpu_, single[i].tensor())))
+              << "target " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, EmbedRmsNormAddArgmax) {
   const int64_t V = 50, H = 96;
   for (const FormatCase& f : {FormatCase{WeightFormat::kBF16}, FormatCase{WeightFormat::kAffine, 6, 32}}) {
@@ -160,25 +199,27 @@ TEST_F(CudaOps, EmbedRmsNormAddArgmax) {
   ASSERT_TRUE(gpu_->add({.a = x2.tensor(), .b = yg.tensor(), .out = x2.tensor()}).is_ok());
   const std::vector<float> sum = download<float>(*gpu_, x2.tensor());
   for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(sum[i], x[i] + y[i]);
-  // argmax: ties to the lowest index, NaN never wins, all -inf gives the first.
-  const int N = 3000;
-  std::vector<float> logits(static_cast<size_t>(4 * N));
-  for (float& v : logits) v = std::uniform_real_distribution<float>(-5, 5)(rng_);
-  logits[100] = 9.0f;
-  logits[2900] = 9.0f;  // tie: 100 wins
-  logits[N + 7] = NAN;
-  logits[N + 8] = 7.0f;                                                            // NaN skipped
-  for (int i = 0; i < N; ++i) logits[static_cast<size_t>(2 * N + i)] = -INFINITY;  // all -inf: 0
-  logits[static_cast<size_t>(3 * N + N - 1)] = 100.0f;                             // last element
-  Buffer lc = device_tensor(*cpu_, DType::kF32, 4, N, logits),
-         lg = device_tensor(*gpu_, DType::kF32, 4, N, logits);
-  Buffer ac = device_tensor(*cpu_, DType::kI32, 4, 1, std::vector<int32_t>{});
-  Buffer ag = device_tensor(*gpu_, DType::kI32, 4, 1, std::vector<int32_t>{});
-  ASSERT_TRUE(cpu_->argmax({.x = lc.tensor(), .out = ac.tensor()}).is_ok());
-  ASSERT_TRUE(gpu_->argmax({.x = lg.tensor(), .out = ag.tensor()}).is_ok());
-  const std::vector<int32_t> want = download<int32_t>(*cpu_, ac.tensor());
-  EXPECT_EQ(download<int32_t>(*gpu_, ag.tensor()), want);
-  EXPECT_EQ(want, (std::vector<int32_t>{100, 8, 0, N - 1}));
+  // argmax: ties to the lowest index, NaN never wins, all -inf gives the first; a short row (one block) and
+  // a vocabulary-sized one (many slices, the tie in different slices).
+  for (const int N : {3000, 248320}) {
+    std::vector<float> logits(static_cast<size_t>(4 * N));
+    for (float& v : logits) v = std::uniform_real_distribution<float>(-5, 5)(rng_);
+    logits[100] = 9.0f;
+    logits[static_cast<size_t>(N - 100)] = 9.0f;  // tie: 100 wins
+    logits[static_cast<size_t>(N + 7)] = NAN;
+    logits[static_cast<size_t>(N + 8)] = 7.0f;                                       // NaN skipped
+    for (int i = 0; i < N; ++i) logits[static_cast<size_t>(2 * N + i)] = -INFINITY;  // all -inf: 0
+    logits[static_cast<size_t>(3 * N + N - 1)] = 100.0f;                             // last element
+    Buffer lc = device_tensor(*cpu_, DType::kF32, 4, N, logits),
+           lg = device_tensor(*gpu_, DType::kF32, 4, N, logits);
+    Buffer ac = device_tensor(*cpu_, DType::kI32, 4, 1, std::vector<int32_t>{});
+    Buffer ag = device_tensor(*gpu_, DType::kI32, 4, 1, std::vector<int32_t>{});
+    ASSERT_TRUE(cpu_->argmax({.x = lc.tensor(), .out = ac.tensor()}).is_ok());
+    ASSERT_TRUE(gpu_->argmax({.x = lg.tensor(), .out = ag.tensor()}).is_ok());
+    const std::vector<int32_t> want = download<int32_t>(*cpu_, ac.tensor());
+    EXPECT_EQ(download<int32_t>(*gpu_, ag.tensor()), want) << N;
+    EXPECT_EQ(want, (std::vector<int32_t>{100, 8, 0, N - 1})) << N;
+  }
 }
 
 struct AttnCase {

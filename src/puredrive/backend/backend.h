@@ -144,6 +144,17 @@ struct MatmulArgs {
   Accum accum = Accum::kOverwrite;
 };
 
+// Products of one input with several matrices (a mixer's input projections), which a backend may run as one
+// launch: targets[i].out = x . targets[i].w^T, each bitwise as matmul() computes it.
+struct MatmulTarget {
+  MatrixId w;  // [N_i, K]
+  Tensor out;  // F32 [R, N_i]
+};
+struct MatmulsArgs {
+  Tensor x;  // F32 [R, K]
+  std::span<const MatmulTarget> targets;
+};
+
 struct AttentionDims {
   int num_heads = 0;     // Hq
   int num_kv_heads = 0;  // Hkv; query head h reads KV head h / (Hq / Hkv)
@@ -225,10 +236,13 @@ struct GatedDeltaNetArgs {
 // renormalise when norm_topk_prob, SwiGLU experts; per row
 // out = (((0 + w_e1 * E_e1(x)) + w_e2 * E_e2(x)) + ...) + sigmoid(x . w_sg) * SwiGLU_shared(x)
 // with the selected experts summed in ascending expert id (HF's order).
+// With Accum::kAdd the block output is added to out (out = out + moe, one rounding per element), which fuses
+// the decoder layer's residual add.
 struct MoeArgs {
   MoeId moe;
   Tensor x;    // F32 [R, H], post_attention_layernorm output
   Tensor out;  // F32 [R, H]; must not alias x
+  Accum accum = Accum::kOverwrite;
 };
 
 // out[r] = the lowest index of the maximum of x[r] (NaN never wins).
@@ -286,6 +300,10 @@ class Backend {
   virtual Status rms_norm(const RmsNormArgs& args) = 0;
   virtual Status add(const AddArgs& args) = 0;
   virtual Status matmul(const MatmulArgs& args) = 0;
+  virtual Status matmuls(const MatmulsArgs& args) {
+    for (const MatmulTarget& t : args.targets) PD_TRY(matmul({.w = t.w, .x = args.x, .out = t.out}));
+    return Status::ok();
+  }
   virtual Status gated_attention(const GatedAttentionArgs& args) = 0;
   virtual Status gated_delta_net(const GatedDeltaNetArgs& args) = 0;
   virtual Status moe(const MoeArgs& args) = 0;

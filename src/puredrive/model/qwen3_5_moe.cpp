@@ -234,7 +234,7 @@ class Qwen35Moe final : public Model {
   // Workspace, [max_rows, ...] each.
   struct Workspace {
     Buffer tokens, positions;            // I32 [M, 1]
-    Buffer x, u, mix;                    // [M, H]: residual stream, normed input, block output
+    Buffer x, u;                         // [M, H]: residual stream, normed input
     Buffer qg, k, v, attn;               // attention
     Buffer qkv, z, b, a, gdn;            // GDN
     Buffer hidden, logits;               // forward outputs
@@ -287,7 +287,6 @@ Status Qwen35Moe::allocate_workspace() {
   PD_ASSIGN_OR_RETURN(ws_.positions, be_.alloc(DType::kI32, M, 1));
   PD_TRY(f32(&ws_.x, H));
   PD_TRY(f32(&ws_.u, H));
-  PD_TRY(f32(&ws_.mix, H));
   PD_TRY(f32(&ws_.qg, 2 * q));
   PD_TRY(f32(&ws_.k, kv));
   PD_TRY(f32(&ws_.v, kv));
@@ -335,27 +334,24 @@ Status Qwen35Moe::check_rows(std::span<const int32_t> tokens, std::span<const in
 // h = h + mixer(input_layernorm(h)); h = h + moe(post_attention_layernorm(h))   (spec §7)
 Status Qwen35Moe::decoder_layer(const LayerIds& w, const LayerCaches& cache, const Tensor& h, int64_t n) {
   const Tensor u = rows(ws_.u, n);
-  const Tensor mix = rows(ws_.mix, n);
+  // The mixers' output products and the MoE block add into h themselves (Accum::kAdd): one rounding per
+  // element, as h + mix.
   PD_TRY(be_.rms_norm({.x = h, .weight = w.input_layernorm, .eps = d_.eps, .out = u}));
   if (w.type == LayerType::kLinearAttention) {
-    PD_TRY(gated_delta_net(w.gdn, cache, u, mix, n));
+    PD_TRY(gated_delta_net(w.gdn, cache, u, h, n));
   } else {
-    PD_TRY(attention(w.attn, cache, u, mix, n));
+    PD_TRY(attention(w.attn, cache, u, h, n));
   }
-  PD_TRY(be_.add({.a = h, .b = mix, .out = h}));
-
   PD_TRY(be_.rms_norm({.x = h, .weight = w.post_attention_layernorm, .eps = d_.eps, .out = u}));
-  PD_TRY(be_.moe({.moe = w.moe, .x = u, .out = mix}));
-  return be_.add({.a = h, .b = mix, .out = h});
+  return be_.moe({.moe = w.moe, .x = u, .out = h, .accum = Accum::kAdd});
 }
 
 // Gated attention (spec §4): out = o_proj((softmax(q k^T / sqrt(D)) v) * sigmoid(gate)).
 Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& u,
                             const Tensor& out, int64_t n) {
   const Tensor qg = rows(ws_.qg, n), k = rows(ws_.k, n), v = rows(ws_.v, n), a = rows(ws_.attn, n);
-  PD_TRY(be_.matmul({.w = w.q_proj, .x = u, .out = qg}));
-  PD_TRY(be_.matmul({.w = w.k_proj, .x = u, .out = k}));
-  PD_TRY(be_.matmul({.w = w.v_proj, .x = u, .out = v}));
+  const MatmulTarget proj[] = {{w.q_proj, qg}, {w.k_proj, k}, {w.v_proj, v}};
+  PD_TRY(be_.matmuls({.x = u, .targets = proj}));
   PD_TRY(be_.gated_attention({.dims = d_.attn,
                               .qg = qg,
                               .k = k,
@@ -366,7 +362,7 @@ Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, con
                               .kv_length = cache.kv_length,
                               .cache = cache.kv,
                               .out = a}));
-  return be_.matmul({.w = w.o_proj, .x = a, .out = out});
+  return be_.matmul({.w = w.o_proj, .x = a, .out = out, .accum = Accum::kAdd});
 }
 
 // Gated DeltaNet (spec §5): projections, then conv + delta rule + gated norm in one op, then out_proj.
@@ -374,10 +370,8 @@ Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, con
                                   const Tensor& out, int64_t n) {
   const Tensor qkv = rows(ws_.qkv, n), z = rows(ws_.z, n), b = rows(ws_.b, n), a = rows(ws_.a, n);
   const Tensor core = rows(ws_.gdn, n);
-  PD_TRY(be_.matmul({.w = w.in_proj_qkv, .x = u, .out = qkv}));
-  PD_TRY(be_.matmul({.w = w.in_proj_z, .x = u, .out = z}));
-  PD_TRY(be_.matmul({.w = w.in_proj_b, .x = u, .out = b}));
-  PD_TRY(be_.matmul({.w = w.in_proj_a, .x = u, .out = a}));
+  const MatmulTarget proj[] = {{w.in_proj_qkv, qkv}, {w.in_proj_z, z}, {w.in_proj_b, b}, {w.in_proj_a, a}};
+  PD_TRY(be_.matmuls({.x = u, .targets = proj}));
   PD_TRY(be_.gated_delta_net({.dims = d_.gdn,
                               .qkv = qkv,
                               .z = z,
@@ -390,7 +384,7 @@ Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, con
                               .state = cache.gdn,
                               .snapshots = cache.snapshots,
                               .out = core}));
-  return be_.matmul({.w = w.out_proj, .x = core, .out = out});
+  return be_.matmul({.w = w.out_proj, .x = core, .out = out, .accum = Accum::kAdd});
 }
 
 Expected<Tensor> Qwen35Moe::lm_head(const Tensor& hidden, const Buffer& logits, LogitRows which) {

@@ -312,7 +312,7 @@ class CpuBackend final : public Backend {
     PD_TRY(check_tensor("moe", "x", a.x, DType::kF32, -1, m.hidden));
     PD_TRY(check_tensor("moe", "out", a.out, DType::kF32, a.x.rows, m.hidden));
     if (a.x.data == a.out.data) return make_error(ErrorCode::kInvalidArgument, "moe: out aliases x");
-    cpu::moe(ex_, m, a.x, a.out);
+    cpu::moe(ex_, m, a.x, a.out, a.accum);
     return Status::ok();
   }
 

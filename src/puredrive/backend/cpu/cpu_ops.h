@@ -53,7 +53,7 @@ void matmul(const Exec& pool, const Matrix& w, const Tensor& x, const Tensor& ou
 void gated_attention(const Exec& pool, const GatedAttentionArgs& args, const float* q_norm,
                      const float* k_norm);
 void gated_delta_net(const Exec& pool, const GatedDeltaNetArgs& args, const GdnVectors& v);
-void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out);
+void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out, Accum accum);
 void argmax(const Tensor& x, const Tensor& out);
 
 // x * rsqrt(mean(x^2) + eps) * w for one row of n (shared by rms_norm, q/k norms and the MTP head).

@@ -50,7 +50,7 @@ std::vector<Route> route(const float* logits, int num_experts, const MoeSpec& sp
 
 }  // namespace
 
-void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out) {
+void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out, Accum accum) {
   const int64_t rows = x.rows;
   const int num_experts = m.num_experts;
   const int k = m.spec.num_experts_per_tok;
@@ -146,8 +146,10 @@ void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out
       }
       dot_row(m.w.shared_down_proj, n, shared_in.data(), rows, y.data(), 1, buf.data());
       for (int64_t r = 0; r < rows; ++r) {
-        out.row<float>(r)[n] = acc[static_cast<size_t>(r)] +
-                               sigmoid(shared_logit[static_cast<size_t>(r)]) * y[static_cast<size_t>(r)];
+        const float v = acc[static_cast<size_t>(r)] +
+                        sigmoid(shared_logit[static_cast<size_t>(r)]) * y[static_cast<size_t>(r)];
+        float& o = out.row<float>(r)[n];
+        o = accum == Accum::kAdd ? o + v : v;
       }
     }
   });

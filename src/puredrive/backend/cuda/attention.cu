@@ -15,6 +15,7 @@ namespace pd::cuda {
 namespace {
 
 __global__ void qk_norm_rope_kernel(AttentionLaunch a, int r0, float* qbuf) {
+  pdl_enter();
   extern __shared__ float xs[];  // [D]
   __shared__ float red[32];
   const int r = static_cast<int>(blockIdx.x);
@@ -90,9 +91,40 @@ __device__ __forceinline__ float load_kv1(const void* cache, int64_t at) {
   }
 }
 
+// The split's maximum and sum of exp(score - max) per query head, one warp per head (lane-strided, then an
+// xor butterfly); the scores are replaced by their exponentials. Score t of head g is at
+// sc[t * t_stride + g * g_stride]; (max, sum) of head g go to ml[g * ml_head_stride + {0, 1}].
+__device__ __forceinline__ void split_softmax(float* sc, int t_stride, int g_stride, int group, int cnt,
+                                              float* ml, int64_t ml_head_stride) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int nwarps = static_cast<int>(blockDim.x >> 5);
+  for (int g = warp; g < group; g += nwarps) {
+    float* s = sc + g * g_stride;
+    float m = -INFINITY;
+    for (int t = lane; t < cnt; t += 32) m = fmaxf(m, s[t * t_stride]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float l = 0.0f;
+    for (int t = lane; t < cnt; t += 32) {
+      const float e = expf(s[t * t_stride] - m);
+      s[t * t_stride] = e;
+      l = l + e;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (lane == 0) {
+      ml[g * ml_head_stride] = m;
+      ml[g * ml_head_stride + 1] = l;
+    }
+  }
+}
+
+// Block (split c, KV head kh, row r): positions [c * kAttnSplit, ...) of [0, position], every query head of
+// the group: scores, the split's max and sum of exponentials, the unnormalised sum of p * v.
 template <bool BF16>
 __global__ void __launch_bounds__(kBlock) attn_partial_kernel(AttentionLaunch a, int r0, const float* qbuf,
                                                               float* part_o, float* part_ml, int splits) {
+  pdl_enter();
   extern __shared__ float sm[];
   const int D = a.head_dim;
   const int group = a.num_heads / a.num_kv_heads;
@@ -139,27 +171,9 @@ __global__ void __launch_bounds__(kBlock) attn_partial_kernel(AttentionLaunch a,
     }
   }
   __syncthreads();
-  // The split's max and sum of exp(score - max), one warp per query head.
-  for (int g = warp; g < group; g += nwarps) {
-    float* s = sc + g * kAttnSplit;
-    float m = -INFINITY;
-    for (int t = lane; t < cnt; t += 32) m = fmaxf(m, s[t]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    float l = 0.0f;
-    for (int t = lane; t < cnt; t += 32) {
-      const float e = expf(s[t] - m);
-      s[t] = e;
-      l = l + e;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-    if (lane == 0) {
-      float* ml = part_ml + ((static_cast<int64_t>(r) * a.num_heads + kh * group + g) * splits + c) * 2;
-      ml[0] = m;
-      ml[1] = l;
-    }
-  }
+  split_softmax(sc, 1, kAttnSplit, group, cnt,
+                part_ml + (static_cast<int64_t>(r) * a.num_heads + kh * group) * splits * 2 + c * 2,
+                splits * 2);
   __syncthreads();
   // sum_t p_t * v_t in ascending t, one thread per head dim, every query head of the group at once.
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -182,8 +196,109 @@ __global__ void __launch_bounds__(kBlock) attn_partial_kernel(AttentionLaunch a,
   }
 }
 
+// The same arithmetic for a bf16 cache when the group has at most kStagedGroup query heads and a head at
+// most 256 dims: the split's keys and values are copied to shared memory asynchronously (cp.async, every
+// copy in flight at once), each lane keeps its 8-dim chunk of every query of the group in registers, and the
+// scores are stored position-major so that one thread reads the group's probabilities of a position with
+// two 16-byte loads. Sums run in the generic kernel's order, so the results are bitwise the same.
+constexpr int kStagedGroup = 8;
+
+__global__ void __launch_bounds__(kBlock)
+    attn_partial_staged_kernel(AttentionLaunch a, int r0, const float* qbuf, float* part_o, float* part_ml,
+                               int splits) {
+  pdl_enter();
+  extern __shared__ float sm[];
+  const int D = a.head_dim;
+  const int group = a.num_heads / a.num_kv_heads;
+  float* sc = sm;  // [kAttnSplit][kStagedGroup]
+  uint16_t* ktile = reinterpret_cast<uint16_t*>(sc + kAttnSplit * kStagedGroup);  // [kAttnSplit][D]
+  uint16_t* vtile = ktile + kAttnSplit * D;
+  const int c = static_cast<int>(blockIdx.x), kh = static_cast<int>(blockIdx.y),
+            r = static_cast<int>(blockIdx.z);
+  const int32_t pos = a.positions[(r0 + r) * a.position_stride];
+  if (pos < 0 || pos >= a.capacity) return;
+  const int n = pos + 1;
+  const int start = c * kAttnSplit;
+  if (start >= n) return;
+  const int cnt = n - start < kAttnSplit ? n - start : kAttnSplit;
+  const int64_t kvw = static_cast<int64_t>(a.num_kv_heads) * D;
+  const int per_row = D / 8;
+  {
+    const uint16_t* kc = static_cast<const uint16_t*>(a.cache_k);
+    const uint16_t* vc = static_cast<const uint16_t*>(a.cache_v);
+    for (int i = threadIdx.x; i < cnt * per_row; i += blockDim.x) {
+      const int t = i / per_row, ch = i % per_row;
+      const int64_t at = static_cast<int64_t>(start + t) * kvw + static_cast<int64_t>(kh) * D + ch * 8;
+      copy16_async(ktile + static_cast<int64_t>(i) * 8, kc + at);
+      copy16_async(vtile + static_cast<int64_t>(i) * 8, vc + at);
+    }
+  }
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int nwarps = static_cast<int>(blockDim.x >> 5);
+  const bool has_chunk = lane < per_row;
+  float q[kStagedGroup][8];
+  {
+    const float* qb = qbuf + (static_cast<int64_t>(r) * a.num_heads + static_cast<int64_t>(kh) * group) * D;
+#pragma unroll
+    for (int g = 0; g < kStagedGroup; ++g) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[g][j] = g < group && has_chunk ? qb[g * D + lane * 8 + j] : 0.0f;
+    }
+  }
+  copy_async_wait_all();
+  __syncthreads();
+  const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(D)));
+  for (int t = warp; t < cnt; t += nwarps) {
+    float p[kStagedGroup] = {};
+    if (has_chunk) {
+      float kv[8];
+      load_kv8<true>(ktile, static_cast<int64_t>(t) * D + lane * 8, kv);
+#pragma unroll
+      for (int g = 0; g < kStagedGroup; ++g) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) p[g] = fmaf(q[g][j], kv[j], p[g]);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kStagedGroup; ++g) {
+      if (g < group) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) p[g] += __shfl_xor_sync(0xffffffffu, p[g], off);
+        if (lane == 0) sc[t * kStagedGroup + g] = p[g] * scale;
+      }
+    }
+  }
+  __syncthreads();
+  split_softmax(sc, kStagedGroup, 1, group, cnt,
+                part_ml + (static_cast<int64_t>(r) * a.num_heads + kh * group) * splits * 2 + c * 2,
+                splits * 2);
+  __syncthreads();
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc[kStagedGroup] = {};
+#pragma unroll 4
+    for (int t = 0; t < cnt; ++t) {
+      const float v = bf16_bits(vtile[t * D + d]);
+      const float4 p0 = *reinterpret_cast<const float4*>(sc + t * kStagedGroup);
+      const float4 p1 = *reinterpret_cast<const float4*>(sc + t * kStagedGroup + 4);
+      const float pg[kStagedGroup] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+      for (int g = 0; g < kStagedGroup; ++g) acc[g] = fmaf(pg[g], v, acc[g]);
+    }
+#pragma unroll
+    for (int g = 0; g < kStagedGroup; ++g) {
+      if (g < group) {
+        part_o[((static_cast<int64_t>(r) * a.num_heads + kh * group + g) * splits + c) * D + d] = acc[g];
+      }
+    }
+  }
+}
+
+// Per (row, query head): the splits' partial results scaled to the common maximum M, summed in ascending
+// split order, l = sum_c l_c e^(m_c - M) and o = sum_c o_c e^(m_c - M); out = (o / l) * sigmoid(gate). The
+// per-split loads are independent, so they are in flight together.
 __global__ void attn_merge_kernel(AttentionLaunch a, int r0, const float* part_o, const float* part_ml,
                                   int splits) {
+  pdl_enter();
   const int r = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
   const int gr = r0 + r;
   const int D = a.head_dim;
@@ -193,20 +308,37 @@ __global__ void attn_merge_kernel(AttentionLaunch a, int r0, const float* part_o
   const bool valid = pos >= 0 && pos < a.capacity;
   const int nsplit = valid ? (pos + kAttnSplit) / kAttnSplit : 0;
   const int64_t base = (static_cast<int64_t>(r) * a.num_heads + h) * splits;
+  float mx = -INFINITY;
+#pragma unroll 8
+  for (int c = 0; c < nsplit; ++c) mx = fmaxf(mx, part_ml[(base + c) * 2]);
+  float l = 0.0f;
+#pragma unroll 8
+  for (int c = 0; c < nsplit; ++c) l = l + part_ml[(base + c) * 2 + 1] * expf(part_ml[(base + c) * 2] - mx);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float m = -INFINITY, l = 0.0f, o = 0.0f;
-    for (int c = 0; c < nsplit; ++c) {
-      const float mc = part_ml[(base + c) * 2], lc = part_ml[(base + c) * 2 + 1];
-      const float oc = part_o[(base + c) * D + d];
-      const float mn = fmaxf(m, mc);
-      const float fa = expf(m - mn), fb = expf(mc - mn);
-      l = l * fa + lc * fb;
-      o = o * fa + oc * fb;
-      m = mn;
-    }
+    float o = 0.0f;
+#pragma unroll 8
+    for (int c = 0; c < nsplit; ++c) o = o + part_o[(base + c) * D + d] * expf(part_ml[(base + c) * 2] - mx);
     out[d] = valid ? (o / l) * sigmoidf_(gate[d]) : 0.0f;
   }
 }
+
+}  // namespace
+
+size_t attention_smem_bytes(int num_heads, int num_kv_heads, int head_dim, bool staged) {
+  if (staged) {
+    return static_cast<size_t>(kAttnSplit) * kStagedGroup * sizeof(float) +
+           2 * static_cast<size_t>(kAttnSplit) * head_dim * sizeof(uint16_t);
+  }
+  const size_t group = static_cast<size_t>(num_heads / num_kv_heads);
+  return group * (head_dim + kAttnSplit) * sizeof(float);
+}
+
+void set_attention_smem_limit(size_t bytes) {
+  cudaFuncSetAttribute(attn_partial_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(bytes));
+}
+
+namespace {
 
 int num_splits(int64_t capacity) {
   return static_cast<int>((capacity + kAttnSplit - 1) / kAttnSplit);
@@ -222,24 +354,30 @@ int64_t attention_scratch_floats(int num_heads, int head_dim, int64_t capacity) 
 
 void launch_attention(const AttentionLaunch& a, cudaStream_t stream) {
   const int D = a.head_dim;
-  const int group = a.num_heads / a.num_kv_heads;
   const int splits = num_splits(a.capacity);
   float* qbuf = a.scratch;
   float* part_o = qbuf + static_cast<int64_t>(kMaxRows) * a.num_heads * D;
   float* part_ml = part_o + static_cast<int64_t>(kMaxRows) * a.num_heads * splits * D;
-  const size_t partial_smem = static_cast<size_t>(group) * (D + kAttnSplit) * sizeof(float);
+  const bool staged = a.cache_bf16 && a.num_heads / a.num_kv_heads <= kStagedGroup && D <= 256 &&
+                      attention_smem_bytes(a.num_heads, a.num_kv_heads, D, true) <= a.smem_limit;
+  const size_t partial_smem = attention_smem_bytes(a.num_heads, a.num_kv_heads, D, staged);
   for (int r0 = 0; r0 < a.rows; r0 += kMaxRows) {
     const int n = a.rows - r0 < kMaxRows ? a.rows - r0 : kMaxRows;
-    qk_norm_rope_kernel<<<dim3(n, a.num_heads + a.num_kv_heads), 128, D * sizeof(float), stream>>>(a, r0,
-                                                                                                   qbuf);
+    launch_pdl(qk_norm_rope_kernel, dim3(n, a.num_heads + a.num_kv_heads), dim3(128), D * sizeof(float),
+               stream, a, r0, qbuf);
     const dim3 grid(splits, a.num_kv_heads, n);
-    if (a.cache_bf16) {
-      attn_partial_kernel<true><<<grid, kBlock, partial_smem, stream>>>(a, r0, qbuf, part_o, part_ml, splits);
+    if (staged) {
+      launch_pdl(attn_partial_staged_kernel, grid, dim3(kBlock), partial_smem, stream, a, r0,
+                 static_cast<const float*>(qbuf), part_o, part_ml, splits);
+    } else if (a.cache_bf16) {
+      launch_pdl(attn_partial_kernel<true>, grid, dim3(kBlock), partial_smem, stream, a, r0,
+                 static_cast<const float*>(qbuf), part_o, part_ml, splits);
     } else {
-      attn_partial_kernel<false>
-          <<<grid, kBlock, partial_smem, stream>>>(a, r0, qbuf, part_o, part_ml, splits);
+      launch_pdl(attn_partial_kernel<false>, grid, dim3(kBlock), partial_smem, stream, a, r0,
+                 static_cast<const float*>(qbuf), part_o, part_ml, splits);
     }
-    attn_merge_kernel<<<dim3(n, a.num_heads), 128, 0, stream>>>(a, r0, part_o, part_ml, splits);
+    launch_pdl(attn_merge_kernel, dim3(n, a.num_heads), dim3(128), 0, stream, a, r0,
+               static_cast<const float*>(part_o), static_cast<const float*>(part_ml), splits);
   }
 }
 

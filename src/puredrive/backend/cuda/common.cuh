@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "puredrive/backend/cuda/kernels.h"
 
@@ -44,22 +46,111 @@ __device__ __forceinline__ float scale_at(const void* p, SDType t, int64_t i) {
 
 // Weight formats as template parameters: FMT is a WFmt value, BITS the affine width (0 for dense).
 template <int FMT, int BITS>
-struct Fmt {};
+struct Fmt {
+  static constexpr int kFmt = FMT;
+  static constexpr int kBits = BITS;
+};
 
-// Columns [8c, 8c + 8) of row n of m (data/scales/biases already offset to the expert) as f32.
-// MLX affine: codes are LSB-first in the row's bit stream, so 8 codes start at byte c * BITS;
-// w = scale * q + bias with two roundings (no fused multiply-add), as the CPU backend computes it.
+// A kernel template argument meaning "the format of each matrix, dispatched at run time".
+constexpr int kAnyFmt = -1;
+
+// Calls f(Fmt<FMT, BITS>{}) for a format known at run time: the one switch over weight formats.
+template <typename F>
+__host__ __device__ __forceinline__ void with_format(WFmt fmt, int bits, F&& f) {
+  switch (fmt) {
+    case WFmt::kF32:
+      f(Fmt<0, 0>{});
+      return;
+    case WFmt::kF16:
+      f(Fmt<1, 0>{});
+      return;
+    case WFmt::kBF16:
+      f(Fmt<2, 0>{});
+      return;
+    case WFmt::kAffine:
+      switch (bits) {
+        case 2:
+          f(Fmt<3, 2>{});
+          return;
+        case 3:
+          f(Fmt<3, 3>{});
+          return;
+        case 4:
+          f(Fmt<3, 4>{});
+          return;
+        case 5:
+          f(Fmt<3, 5>{});
+          return;
+        case 6:
+          f(Fmt<3, 6>{});
+          return;
+        case 7:
+          f(Fmt<3, 7>{});
+          return;
+        default:
+          f(Fmt<3, 8>{});
+          return;
+      }
+  }
+}
+
+// Eight weights as loaded, before decoding: the registers a load keeps in flight (4 for 16-bit formats, 2-4
+// for affine codes and their group's scale and bias). Only the fields of the format are used.
+struct RawW8 {
+  float4 f0, f1;  // f32
+  uint4 h;        // f16 / bf16
+  uint64_t v;     // affine codes
+  float scale, bias;
+};
+
+// Columns [8c, 8c + 8) of row n of m (data/scales/biases already offset to the expert).
+// MLX affine: codes are LSB-first in the row's bit stream, so 8 codes start at byte c * BITS.
 template <int FMT, int BITS>
-__device__ __forceinline__ void load_w8(const DevMatrix& m, const void* data, const void* scales,
-                                        const void* biases, int64_t n, int64_t c, float w[8]) {
+__device__ __forceinline__ RawW8 load_raw8(const DevMatrix& m, const void* data, const void* scales,
+                                           const void* biases, int64_t n, int64_t c) {
+  RawW8 r;
   if constexpr (FMT == static_cast<int>(WFmt::kF32)) {
     const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(data) + n * m.cols + c * 8);
-    const float4 a = __ldg(p), b = __ldg(p + 1);
-    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    r.f0 = __ldg(p);
+    r.f1 = __ldg(p + 1);
   } else if constexpr (FMT == static_cast<int>(WFmt::kBF16) || FMT == static_cast<int>(WFmt::kF16)) {
-    const uint4 q =
-        __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(data) + n * m.cols + c * 8));
-    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+    r.h = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(data) + n * m.cols + c * 8));
+  } else {
+    const int64_t row_bytes = m.cols * BITS / 8;
+    const uint8_t* p = static_cast<const uint8_t*>(data) + n * row_bytes + c * BITS;
+    if constexpr (BITS == 8) {
+      const uint2 q = __ldg(reinterpret_cast<const uint2*>(p));
+      r.v = static_cast<uint64_t>(q.x) | (static_cast<uint64_t>(q.y) << 32);
+    } else if constexpr (BITS == 4) {
+      r.v = __ldg(reinterpret_cast<const uint32_t*>(p));
+    } else if constexpr (BITS == 2) {
+      r.v = __ldg(reinterpret_cast<const uint16_t*>(p));
+    } else if constexpr (BITS == 6) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+      r.v = static_cast<uint64_t>(__ldg(h)) | (static_cast<uint64_t>(__ldg(h + 1)) << 16) |
+            (static_cast<uint64_t>(__ldg(h + 2)) << 32);
+    } else {
+      r.v = 0;
+#pragma unroll
+      for (int i = 0; i < BITS; ++i) r.v |= static_cast<uint64_t>(__ldg(p + i)) << (8 * i);
+    }
+    const int64_t groups = m.cols / m.group_size;
+    const int64_t gi = n * groups + (c * 8) / m.group_size;
+    r.scale = scale_at(scales, m.scale_dtype, gi);
+    r.bias = scale_at(biases, m.scale_dtype, gi);
+  }
+  return r;
+}
+
+// The eight weights as f32. Affine: w = scale * q + bias with two roundings (no fused multiply-add), as the
+// CPU backend computes it.
+template <int FMT, int BITS>
+__device__ __forceinline__ void decode8(const RawW8& r, float w[8]) {
+  if constexpr (FMT == static_cast<int>(WFmt::kF32)) {
+    w[0] = r.f0.x, w[1] = r.f0.y, w[2] = r.f0.z, w[3] = r.f0.w;
+    w[4] = r.f1.x, w[5] = r.f1.y, w[6] = r.f1.z, w[7] = r.f1.w;
+  } else if constexpr (FMT == static_cast<int>(WFmt::kBF16) || FMT == static_cast<int>(WFmt::kF16)) {
+    const uint32_t u[4] = {r.h.x, r.h.y, r.h.z, r.h.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if constexpr (FMT == static_cast<int>(WFmt::kBF16)) {
@@ -71,36 +162,27 @@ __device__ __forceinline__ void load_w8(const DevMatrix& m, const void* data, co
       }
     }
   } else {
-    const int64_t row_bytes = m.cols * BITS / 8;
-    const uint8_t* p = static_cast<const uint8_t*>(data) + n * row_bytes + c * BITS;
-    uint64_t v;
-    if constexpr (BITS == 8) {
-      const uint2 q = __ldg(reinterpret_cast<const uint2*>(p));
-      v = static_cast<uint64_t>(q.x) | (static_cast<uint64_t>(q.y) << 32);
-    } else if constexpr (BITS == 4) {
-      v = __ldg(reinterpret_cast<const uint32_t*>(p));
-    } else if constexpr (BITS == 2) {
-      v = __ldg(reinterpret_cast<const uint16_t*>(p));
-    } else if constexpr (BITS == 6) {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-      v = static_cast<uint64_t>(__ldg(h)) | (static_cast<uint64_t>(__ldg(h + 1)) << 16) |
-          (static_cast<uint64_t>(__ldg(h + 2)) << 32);
-    } else {
-      v = 0;
-#pragma unroll
-      for (int i = 0; i < BITS; ++i) v |= static_cast<uint64_t>(__ldg(p + i)) << (8 * i);
-    }
-    const int64_t groups = m.cols / m.group_size;
-    const int64_t gi = n * groups + (c * 8) / m.group_size;
-    const float scale = scale_at(scales, m.scale_dtype, gi);
-    const float bias = scale_at(biases, m.scale_dtype, gi);
     constexpr uint64_t kMask = (1ull << BITS) - 1ull;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float product = scale * static_cast<float>(static_cast<uint32_t>((v >> (BITS * j)) & kMask));
-      w[j] = product + bias;
+      const float product = r.scale * static_cast<float>(static_cast<uint32_t>((r.v >> (BITS * j)) & kMask));
+      w[j] = product + r.bias;
     }
   }
+}
+
+template <int FMT, int BITS>
+__device__ __forceinline__ void load_w8(const DevMatrix& m, const void* data, const void* scales,
+                                        const void* biases, int64_t n, int64_t c, float w[8]) {
+  decode8<FMT, BITS>(load_raw8<FMT, BITS>(m, data, scales, biases, n, c), w);
+}
+
+// The same for a format chosen at run time.
+__device__ __forceinline__ void load_w8_any(const DevMatrix& m, const void* data, const void* scales,
+                                            const void* biases, int64_t n, int64_t c, float w[8]) {
+  with_format(m.fmt, m.bits, [&](auto f) {
+    load_w8<decltype(f)::kFmt, decltype(f)::kBits>(m, data, scales, biases, n, c, w);
+  });
 }
 
 // 8 consecutive floats of an activation row (16-byte aligned when VEC).
@@ -116,76 +198,127 @@ __device__ __forceinline__ void load_x8(const float* p, float x[8]) {
   }
 }
 
-// Lane l of the warp that owns output n accumulates, for every row r in mask, the columns of its chunks
+// Lane l of the warp that owns output n accumulates, for every row r < NR in mask, the columns of its chunks
 // c = l, l + 32, ... (8 columns each, in order) of the dot product of weight row n with xr[r]. A row's
-// partial sums never depend on the other rows, so the result is the same for any R or mask.
-template <int FMT, int BITS, bool VEC>
+// partial sums never depend on the other rows or on NR, so the result is the same for any R or mask.
+// The raw loads of up to kBatch chunks of a lane (a whole 2048-column row of a 16-bit or affine matrix) are
+// issued before their products, so a warp reads such a row in one round trip; the summation order is
+// unchanged. (16 chunks, measured on the H200, cost more in occupancy than they gained.) NR (the rows a
+// launch handles, chosen from R) sizes the accumulators, so a one-row step does not pay registers for eight.
+// The two-matrix form reads row n of m and of m2 (an expert's gate and up) in one round trip; each result is
+// bitwise the one-matrix result.
+template <int FMT>
+constexpr int dot_batch() {
+  return FMT == static_cast<int>(WFmt::kF32) ? 4 : 8;
+}
+
+template <int FMT, int BITS, int NR, bool VEC>
+__device__ __forceinline__ void fma_chunk(const RawW8& raw, const float* const xr[NR], int64_t c,
+                                          uint32_t mask, float acc[NR]) {
+  float w[8];
+  decode8<FMT, BITS>(raw, w);
+#pragma unroll
+  for (int r = 0; r < NR; ++r) {
+    if ((mask >> r) & 1u) {
+      float x[8];
+      load_x8<VEC>(xr[r] + c * 8, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[r] = fmaf(x[j], w[j], acc[r]);
+    }
+  }
+}
+
+template <int FMT, int BITS, bool VEC, int NR>
 __device__ __forceinline__ void dot_rows(const DevMatrix& m, const void* data, const void* scales,
-                                         const void* biases, int64_t n, const float* const xr[kMaxRows],
-                                         uint32_t mask, int lane, float acc[kMaxRows]) {
+                                         const void* biases, int64_t n, const float* const xr[NR],
+                                         uint32_t mask, int lane, float acc[NR]) {
+  constexpr int kBatch = dot_batch<FMT>();
   const int64_t chunks = m.cols / 8;
-#pragma unroll 4
-  for (int64_t c = lane; c < chunks; c += 32) {
-    float w[8];
-    load_w8<FMT, BITS>(m, data, scales, biases, n, c, w);
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
+    RawW8 raw[kBatch];
 #pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) {
-      if ((mask >> r) & 1u) {
-        float x[8];
-        load_x8<VEC>(xr[r] + c * 8, x);
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c < chunks) raw[u] = load_raw8<FMT, BITS>(m, data, scales, biases, n, c);
+    }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[r] = fmaf(x[j], w[j], acc[r]);
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= chunks) break;
+      fma_chunk<FMT, BITS, NR, VEC>(raw[u], xr, c, mask, acc);
+    }
+  }
+}
+
+template <int FMT, int BITS, bool VEC, int NR>
+__device__ __forceinline__ void dot_rows2(const DevMatrix& m, const void* data, const void* scales,
+                                          const void* biases, const DevMatrix& m2, const void* data2,
+                                          const void* scales2, const void* biases2, int64_t n,
+                                          const float* const xr[NR], uint32_t mask, int lane, float acc[NR],
+                                          float acc2[NR]) {
+  constexpr int kBatch = dot_batch<FMT>() / 2;
+  const int64_t chunks = m.cols / 8;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
+    RawW8 raw[kBatch], raw2[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c < chunks) {
+        raw[u] = load_raw8<FMT, BITS>(m, data, scales, biases, n, c);
+        raw2[u] = load_raw8<FMT, BITS>(m2, data2, scales2, biases2, n, c);
       }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= chunks) break;
+      fma_chunk<FMT, BITS, NR, VEC>(raw[u], xr, c, mask, acc);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= chunks) break;
+      fma_chunk<FMT, BITS, NR, VEC>(raw2[u], xr, c, mask, acc2);
     }
   }
 }
 
 // The same for a format chosen at run time (one uniform branch per call).
-template <bool VEC>
+template <bool VEC, int NR>
 __device__ __forceinline__ void dot_rows_any(const DevMatrix& m, const void* data, const void* scales,
-                                             const void* biases, int64_t n, const float* const xr[kMaxRows],
-                                             uint32_t mask, int lane, float acc[kMaxRows]) {
-  switch (m.fmt) {
-    case WFmt::kF32:
-      dot_rows<0, 0, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
+                                             const void* biases, int64_t n, const float* const xr[NR],
+                                             uint32_t mask, int lane, float acc[NR]) {
+  with_format(m.fmt, m.bits, [&](auto f) {
+    dot_rows<decltype(f)::kFmt, decltype(f)::kBits, VEC, NR>(m, data, scales, biases, n, xr, mask, lane, acc);
+  });
+}
+
+// Rows per launch of the row-batched kernels for a step of `rows` rows (<= kMaxRows): 1, 4 or 8.
+inline int rows_class(int rows) {
+  return rows <= 1 ? 1 : (rows <= 4 ? 4 : kMaxRows);
+}
+
+// Calls f(std::integral_constant<int, NR>{}) for NR = rows_class(rows).
+template <typename F>
+void with_rows_class(int rows, F&& f) {
+  switch (rows_class(rows)) {
+    case 1:
+      f(std::integral_constant<int, 1>{});
       return;
-    case WFmt::kF16:
-      dot_rows<1, 0, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
+    case 4:
+      f(std::integral_constant<int, 4>{});
       return;
-    case WFmt::kBF16:
-      dot_rows<2, 0, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
+    default:
+      f(std::integral_constant<int, kMaxRows>{});
       return;
-    case WFmt::kAffine:
-      switch (m.bits) {
-        case 2:
-          dot_rows<3, 2, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
-          return;
-        case 3:
-          dot_rows<3, 3, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
-          return;
-        case 4:
-          dot_rows<3, 4, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
-          return;
-        case 5:
-          dot_rows<3, 5, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
-          return;
-        case 6:
-          dot_rows<3, 6, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
-          return;
-        case 7:
-          dot_rows<3, 7, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
-          return;
-        default:
-          dot_rows<3, 8, VEC>(m, data, scales, biases, n, xr, mask, lane, acc);
-          return;
-      }
   }
 }
 
 // Sums acc[r] (r < nr) over the warp by an xor butterfly; every lane gets the sums.
-__device__ __forceinline__ void warp_sum_rows(float acc[kMaxRows], int nr) {
+template <int NR>
+__device__ __forceinline__ void warp_sum_rows(float acc[NR], int nr) {
 #pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) {
+  for (int r = 0; r < NR; ++r) {
     if (r < nr) {
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
@@ -219,6 +352,59 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   const int nw = static_cast<int>(blockDim.x >> 5);
   for (int w = 1; w < nw; ++w) s = fmaxf(s, red[w]);
   return s;
+}
+
+// 16 bytes global -> shared without registers (cp.async, sm_80+); both addresses 16-byte aligned. The copies
+// of a thread complete at copy_async_wait_all(); a block barrier after it publishes them to the block.
+__device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void copy_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// Programmatic dependent launch (sm_90): a kernel launched by launch_pdl may be scheduled while its
+// predecessor in the stream is still finishing. pdl_enter() lets the next kernel be scheduled likewise, then
+// waits until the predecessor has completed and its writes are visible: every such kernel calls it before it
+// reads or writes memory that another kernel touches (weights, which nothing writes, may be read earlier).
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void pdl_enter() {
+  pdl_launch_dependents();
+  pdl_wait();
+}
+
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// Asks L2 for the bytes of weight row n (one 128-byte line per lane step): issued before pdl_wait(), so the
+// first loads of a matrix-vector kernel overlap the previous kernel's tail.
+__device__ __forceinline__ void prefetch_row_l2(const DevMatrix& m, const void* data, int64_t n, int lane) {
+  const int64_t row_bytes = m.fmt == WFmt::kF32      ? m.cols * 4
+                            : m.fmt == WFmt::kAffine ? m.cols * m.bits / 8
+                                                     : m.cols * 2;
+  const char* row = static_cast<const char*>(data) + n * row_bytes;
+  for (int64_t off = static_cast<int64_t>(lane) * 128; off < row_bytes; off += 32 * 128) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + off));
+  }
 }
 
 inline unsigned grid_for(int64_t n, int block) {

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <bit>
@@ -228,7 +229,8 @@ enum class OpTag : uint32_t {
   kAttention,
   kGdn,
   kMoe,
-  kArgmax
+  kArgmax,
+  kMatmuls
 };
 
 struct BoundMoe {
@@ -265,6 +267,7 @@ class CudaBackend final : public Backend {
     info_.compute_minor = prop.minor;
     info_.multiprocessors = prop.multiProcessorCount;
     info_.total_memory = static_cast<int64_t>(prop.totalGlobalMem);
+    smem_optin_ = prop.sharedMemPerBlockOptin;
     PD_CUDA_TRY(cudaDriverGetVersion(&info_.driver_version));
     PD_CUDA_TRY(cudaRuntimeGetVersion(&info_.runtime_version));
     if (prop.major < 9) {
@@ -273,6 +276,8 @@ class CudaBackend final : public Backend {
           "backend 'cuda': device {} ({}) has compute capability {}.{}; this build targets sm_90", device_,
           prop.name, prop.major, prop.minor);
     }
+    cuda::set_attention_smem_limit(smem_optin_);
+    PD_CUDA_TRY(cudaGetLastError());
     PD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PD_CUDA_TRY(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PD_CUDA_TRY(cudaEventCreate(&graph_start_));
@@ -568,6 +573,45 @@ class CudaBackend final : public Backend {
     return take_error_if_eager();
   }
 
+  // One launch when every matrix has the format and width of the first and the step is narrow; otherwise
+  // the products one by one (the same kernels either way, so the results are identical).
+  Status matmuls(const MatmulsArgs& a) override {
+    const size_t count = a.targets.size();
+    if (count == 0) return Status::ok();
+    bool fused = count <= static_cast<size_t>(cuda::kMaxMulti) && a.x.rows <= cuda::kMaxRows;
+    cuda::GemvMulti g;
+    int64_t end = 0;
+    for (size_t i = 0; i < count && fused; ++i) {
+      const MatmulTarget& t = a.targets[i];
+      PD_ASSIGN_OR_RETURN(const DevMatrix* w, matrix("matmuls", t.w));
+      PD_TRY(check_tensor("matmuls", "x", a.x, DType::kF32, -1, w->cols));
+      PD_TRY(check_tensor("matmuls", "out", t.out, DType::kF32, a.x.rows, w->rows));
+      const DevMatrix& first = i == 0 ? *w : g.m[0];
+      fused = w->fmt == first.fmt && w->bits == first.bits && w->cols == first.cols &&
+              (w->fmt != WFmt::kAffine ||
+               (w->group_size == first.group_size && w->scale_dtype == first.scale_dtype));
+      end += w->rows;
+      g.m[i] = *w;
+      g.out[i] = static_cast<float*>(t.out.data);
+      g.os[i] = t.out.stride;
+      g.end[i] = end;
+    }
+    if (!fused) return Backend::matmuls(a);
+    g.count = static_cast<int>(count);
+    sig_.add(OpTag::kMatmuls);
+    sig_.add(a.x);
+    for (const MatmulTarget& t : a.targets) {
+      sig_.add(t.w.index);
+      sig_.add(t.out);
+    }
+    const float* x = static_cast<const float*>(a.x.data);
+    const int64_t xs = a.x.stride;
+    const int rows = static_cast<int>(a.x.rows);
+    submit([g, x, xs, rows](cudaStream_t s) { cuda::launch_gemv_multi(g, x, xs, rows, s); }, "matmuls", end,
+           g.m[0].cols);
+    return take_error_if_eager();
+  }
+
   Status gated_attention(const GatedAttentionArgs& a) override;
   Status gated_delta_net(const GatedDeltaNetArgs& a) override;
   Status moe(const MoeArgs& a) override;
@@ -575,13 +619,24 @@ class CudaBackend final : public Backend {
   Status argmax(const ArgmaxArgs& a) override {
     PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
     PD_TRY(check_tensor("argmax", "out", a.out, DType::kI32, a.x.rows, 1));
+    const int n = static_cast<int>(a.x.cols);
+    void* scr = nullptr;
+    if (n >= kWideArgmax) {
+      PD_ASSIGN_OR_RETURN(scr, scratch(argmax_scratch_, int64_t{8} * a.x.rows * cuda::argmax_slices(n)));
+    }
     sig_.add(OpTag::kArgmax);
     sig_.add(a.x);
     sig_.add(a.out);
     submit(
-        [a](cudaStream_t s) {
-          cuda::launch_argmax(static_cast<const float*>(a.x.data), a.x.stride, static_cast<int>(a.x.cols),
-                              static_cast<int32_t*>(a.out.data), a.out.stride, static_cast<int>(a.x.rows), s);
+        [a, n, scr](cudaStream_t s) {
+          const float* x = static_cast<const float*>(a.x.data);
+          int32_t* out = static_cast<int32_t*>(a.out.data);
+          const int rows = static_cast<int>(a.x.rows);
+          if (scr != nullptr) {
+            cuda::launch_argmax_wide(x, a.x.stride, n, out, a.out.stride, rows, scr, s);
+          } else {
+            cuda::launch_argmax(x, a.x.stride, n, out, a.out.stride, rows, s);
+          }
         },
         "argmax");
     return take_error_if_eager();
@@ -897,6 +952,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   CudaDeviceInfo info_;
+  size_t smem_optin_ = 48 * 1024;  // opt-in dynamic shared memory per block
   cudaStream_t stream_ = nullptr;
   cudaEvent_t step_done_ = nullptr;
   cudaEvent_t graph_start_ = nullptr, graph_end_ = nullptr;
@@ -913,7 +969,8 @@ class CudaBackend final : public Backend {
   std::vector<BoundMoe> moes_;
   int64_t bound_bytes_ = 0;
 
-  Scratch attn_scratch_, gdn_scratch_, moe_scratch_;
+  static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
+  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_;
   std::vector<void*> retired_device_;
   std::vector<uint8_t*> retired_host_;
 
@@ -966,6 +1023,7 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   PD_ASSIGN_OR_RETURN(void* scr, scratch(attn_scratch_, floats * 4));
 
   cuda::AttentionLaunch l;
+  l.smem_limit = smem_optin_;
   l.num_heads = d.num_heads;
   l.num_kv_heads = d.num_kv_heads;
   l.head_dim = d.head_dim;
@@ -1116,20 +1174,22 @@ Status CudaBackend::moe(const MoeArgs& a) {
   l.x_stride = a.x.stride;
   l.out = static_cast<float*>(a.out.data);
   l.out_stride = a.out.stride;
+  l.accumulate = a.accum == Accum::kAdd;
   l.rows = static_cast<int>(a.x.rows);
   l.scratch = scr;
   sig_.add(OpTag::kMoe);
   sig_.add(a.moe.index);
+  sig_.add(static_cast<int32_t>(a.accum));
   sig_.add(a.x);
   sig_.add(a.out);
   if (profiling_ && !recording()) {
-    double ms[5] = {};
+    double ms[cuda::kMoePhases] = {};
     cuda::launch_moe_profiled(l, stream_, ms);
     note_error(cudaGetLastError(), "kernel launch");
-    static const char* const kPhases[5] = {"moe: router + shared gate products",
-                                           "moe: route (softmax, top-k)", "moe: gate/up experts",
-                                           "moe: down experts", "moe: combine"};
-    for (int i = 0; i < 5; ++i) {
+    static const char* const kPhases[cuda::kMoePhases] = {
+        "moe: router + shared gate products", "moe: route (softmax, top-k)", "moe: gate/up experts",
+        "moe: down experts + combine"};
+    for (int i = 0; i < cuda::kMoePhases; ++i) {
       CudaOpTime& t = profile_[kPhases[i]];
       ++t.count;
       t.seconds += ms[i] * 1e-3;
@@ -1194,6 +1254,10 @@ Expected<MoeId> CudaBackend::bind_moe(const MoeWeights& w, const MoeSpec& spec) 
   l.inter = static_cast<int>(inter);
   l.shared_inter = static_cast<int>(shared);
   l.norm_topk = spec.norm_topk_prob;
+  // Kernels are specialised on format and width; group size and scale type are read at run time.
+  auto same = [](const DevMatrix& p, const DevMatrix& q) { return p.fmt == q.fmt && p.bits == q.bits; };
+  l.router_gate_fused = same(l.router, l.shared_gate);
+  l.shared_format_differs = !same(l.sh_gate, l.gate) || !same(l.sh_up, l.up) || !same(l.sh_down, l.down);
   // Size the shared scratch now, outside any step.
   Expected<void*> scr =
       scratch(moe_scratch_, cuda::moe_scratch_bytes(l.experts, l.top_k, l.hidden, l.inter, l.shared_inter));
@@ -1242,6 +1306,14 @@ void set_cuda_op_profiling(Backend& backend, bool on) {
 std::vector<CudaOpTime> cuda_op_profile(const Backend& backend) {
   const auto* b = dynamic_cast<const CudaBackend*>(&backend);
   return b == nullptr ? std::vector<CudaOpTime>{} : b->profile();
+}
+
+void cuda_range_push(const char* name) {
+  nvtxRangePushA(name);
+}
+
+void cuda_range_pop() {
+  nvtxRangePop();
 }
 
 }  // namespace pd

@@ -54,4 +54,9 @@ std::optional<CudaStepStats> cuda_step_stats(const Backend& backend);
 void set_cuda_op_profiling(Backend& backend, bool on);
 std::vector<CudaOpTime> cuda_op_profile(const Backend& backend);  // sorted by total time, largest first
 
+// An NVTX range around host code, so a profiler (ncu --nvtx --nvtx-include NAME/) can select the kernels
+// launched inside it.
+void cuda_range_push(const char* name);
+void cuda_range_pop();
+
 }  // namespace pd

@@ -13,6 +13,7 @@ namespace pd::cuda {
 namespace {
 
 __global__ void gdn_conv_kernel(GdnLaunch g, int r0, int rows, float* conv_out) {
+  pdl_enter();
   const int C = 2 * g.num_k_heads * g.k_head_dim + g.num_v_heads * g.v_head_dim;
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= C) return;
@@ -58,6 +59,7 @@ __global__ void gdn_conv_kernel(GdnLaunch g, int r0, int rows, float* conv_out) 
 template <int RPT>
 __global__ void __launch_bounds__(512)
     gdn_recurrent_kernel(GdnLaunch g, int r0, int rows, const float* conv_out) {
+  pdl_enter();
   constexpr int kParts = 4;
   const int Dk = RPT * kParts;
   const int Dv = g.v_head_dim;
@@ -148,23 +150,28 @@ void launch_gated_delta_net(const GdnLaunch& g, cudaStream_t stream) {
   float* conv_out = g.scratch;
   for (int r0 = 0; r0 < g.rows; r0 += kGdnChunk) {
     const int n = g.rows - r0 < kGdnChunk ? g.rows - r0 : kGdnChunk;
-    gdn_conv_kernel<<<grid_for(C, 128), 128, 0, stream>>>(g, r0, n, conv_out);
+    launch_pdl(gdn_conv_kernel, dim3(grid_for(C, 128)), dim3(128), 0, stream, g, r0, n, conv_out);
     const unsigned threads = static_cast<unsigned>(4 * g.v_head_dim);
     switch (g.k_head_dim) {
       case 16:
-        gdn_recurrent_kernel<4><<<g.num_v_heads, threads, 0, stream>>>(g, r0, n, conv_out);
+        launch_pdl(gdn_recurrent_kernel<4>, dim3(g.num_v_heads), dim3(threads), 0, stream, g, r0, n,
+                   static_cast<const float*>(conv_out));
         break;
       case 32:
-        gdn_recurrent_kernel<8><<<g.num_v_heads, threads, 0, stream>>>(g, r0, n, conv_out);
+        launch_pdl(gdn_recurrent_kernel<8>, dim3(g.num_v_heads), dim3(threads), 0, stream, g, r0, n,
+                   static_cast<const float*>(conv_out));
         break;
       case 64:
-        gdn_recurrent_kernel<16><<<g.num_v_heads, threads, 0, stream>>>(g, r0, n, conv_out);
+        launch_pdl(gdn_recurrent_kernel<16>, dim3(g.num_v_heads), dim3(threads), 0, stream, g, r0, n,
+                   static_cast<const float*>(conv_out));
         break;
       case 128:
-        gdn_recurrent_kernel<32><<<g.num_v_heads, threads, 0, stream>>>(g, r0, n, conv_out);
+        launch_pdl(gdn_recurrent_kernel<32>, dim3(g.num_v_heads), dim3(threads), 0, stream, g, r0, n,
+                   static_cast<const float*>(conv_out));
         break;
       default:
-        gdn_recurrent_kernel<64><<<g.num_v_heads, threads, 0, stream>>>(g, r0, n, conv_out);
+        launch_pdl(gdn_recurrent_kernel<64>, dim3(g.num_v_heads), dim3(threads), 0, stream, g, r0, n,
+                   static_cast<const float*>(conv_out));
         break;
     }
   }

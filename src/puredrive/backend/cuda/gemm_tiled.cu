@@ -14,46 +14,6 @@ constexpr int kPad = 4;
 
 static_assert(kTileRows == 64 && kTileCols == 64, "the thread layout assumes 64 x 64 tiles");
 
-// Columns [8c, 8c + 8) of row n (format chosen at run time; one uniform branch per call).
-__device__ __forceinline__ void load_w8_rt(const DevMatrix& m, const void* d, const void* sc, const void* b,
-                                           int64_t n, int64_t c, float w[8]) {
-  switch (m.fmt) {
-    case WFmt::kF32:
-      load_w8<0, 0>(m, d, sc, b, n, c, w);
-      return;
-    case WFmt::kF16:
-      load_w8<1, 0>(m, d, sc, b, n, c, w);
-      return;
-    case WFmt::kBF16:
-      load_w8<2, 0>(m, d, sc, b, n, c, w);
-      return;
-    case WFmt::kAffine:
-      switch (m.bits) {
-        case 2:
-          load_w8<3, 2>(m, d, sc, b, n, c, w);
-          return;
-        case 3:
-          load_w8<3, 3>(m, d, sc, b, n, c, w);
-          return;
-        case 4:
-          load_w8<3, 4>(m, d, sc, b, n, c, w);
-          return;
-        case 5:
-          load_w8<3, 5>(m, d, sc, b, n, c, w);
-          return;
-        case 6:
-          load_w8<3, 6>(m, d, sc, b, n, c, w);
-          return;
-        case 7:
-          load_w8<3, 7>(m, d, sc, b, n, c, w);
-          return;
-        default:
-          load_w8<3, 8>(m, d, sc, b, n, c, w);
-          return;
-      }
-  }
-}
-
 struct WPtrs {
   const void* d;
   const void* sc;
@@ -76,7 +36,7 @@ __device__ __forceinline__ void stage_w(const DevMatrix& m, const WPtrs& p, int6
   const int64_t n = n0 + wrow;
   const int64_t chunk = k0 / 8 + c;
   float w[8] = {};
-  if (n < m.rows && chunk * 8 < m.cols) load_w8_rt(m, p.d, p.sc, p.b, n, chunk, w);
+  if (n < m.rows && chunk * 8 < m.cols) load_w8_any(m, p.d, p.sc, p.b, n, chunk, w);
 #pragma unroll
   for (int j = 0; j < 8; ++j) ws[c * 8 + j][wrow] = w[j];
 }

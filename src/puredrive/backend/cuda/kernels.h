@@ -70,6 +70,18 @@ void launch_tiled(const TileJob& j, int groups, int max_rows, cudaStream_t strea
 // ---- Dense ops (ops_dense.cu) ----
 void launch_gemv(const DevMatrix& w, const float* x, int64_t x_stride, float* out, int64_t out_stride,
                  int rows, bool accumulate, cudaStream_t stream);
+// Several matrices of one format and width applied to the same rows in one launch (rows <= kMaxRows): output
+// row n of the concatenation belongs to matrix i when end[i-1] <= n < end[i]; each product is computed
+// bitwise as launch_gemv computes it.
+constexpr int kMaxMulti = 4;
+struct GemvMulti {
+  DevMatrix m[kMaxMulti];
+  float* out[kMaxMulti] = {};
+  int64_t os[kMaxMulti] = {};
+  int64_t end[kMaxMulti] = {};
+  int count = 0;
+};
+void launch_gemv_multi(const GemvMulti& g, const float* x, int64_t x_stride, int rows, cudaStream_t stream);
 void launch_embed(const DevMatrix& table, const int32_t* tokens, int64_t token_stride, float* out,
                   int64_t out_stride, int rows, cudaStream_t stream);
 void launch_rms_norm(const float* x, int64_t x_stride, const float* weight, int n, float eps, float* out,
@@ -78,6 +90,10 @@ void launch_add(const float* a, int64_t a_stride, const float* b, int64_t b_stri
                 int64_t out_stride, int rows, int n, cudaStream_t stream);
 void launch_argmax(const float* x, int64_t x_stride, int n, int32_t* out, int64_t out_stride, int rows,
                    cudaStream_t stream);
+// The same over many blocks per row (wide rows such as logits); scratch: 8 * rows * argmax_slices(n) bytes.
+int argmax_slices(int n);
+void launch_argmax_wide(const float* x, int64_t x_stride, int n, int32_t* out, int64_t out_stride, int rows,
+                        void* scratch, cudaStream_t stream);
 
 // ---- Gated attention (attention.cu) ----
 struct AttentionLaunch {
@@ -100,10 +116,15 @@ struct AttentionLaunch {
   float* out = nullptr;
   int64_t out_stride = 0;
   int rows = 0;
+  size_t smem_limit = 48 * 1024;  // dynamic shared memory a block may use (set_attention_smem_limit)
   // Scratch (attention_scratch_floats): normalised queries and the split-K partial results.
   float* scratch = nullptr;
 };
 int64_t attention_scratch_floats(int num_heads, int head_dim, int64_t capacity);
+// Dynamic shared memory of the split kernel (staged: each split's bf16 keys and values copied in), and the
+// opt-in above 48 KiB that staging needs (set once by the backend to the device's limit).
+size_t attention_smem_bytes(int num_heads, int num_kv_heads, int head_dim, bool staged);
+void set_attention_smem_limit(size_t bytes);
 void launch_attention(const AttentionLaunch& a, cudaStream_t stream);
 
 // ---- Gated DeltaNet (gated_delta_net.cu) ----
@@ -147,18 +168,24 @@ struct MoeLaunch {
   DevMatrix sh_gate, sh_up, sh_down;
   int experts = 0, top_k = 0, hidden = 0, inter = 0, shared_inter = 0;
   bool norm_topk = true;
+  bool router_gate_fused = false;  // router and shared gate share format and width: one launch
+  // The shared expert's gate/up or down is not in the format of the routed experts' gate/up or down: its
+  // products then run in launches of their own.
+  bool shared_format_differs = false;
   const float* x = nullptr;
   int64_t x_stride = 0;
   float* out = nullptr;
   int64_t out_stride = 0;
+  bool accumulate = false;  // out = out + block output
   int rows = 0;
   void* scratch = nullptr;  // moe_scratch_bytes
 };
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
 void launch_moe(const MoeLaunch& m, cudaStream_t stream);
-// The same with the device time of its phases added to ms[5] (router products, route, up, down, combine);
+// The same with the device time of its phases added to ms (router products, route, gate/up, down + combine);
 // synchronises (profiling only).
-void launch_moe_profiled(const MoeLaunch& m, cudaStream_t stream, double ms[5]);
+constexpr int kMoePhases = 4;
+void launch_moe_profiled(const MoeLaunch& m, cudaStream_t stream, double ms[kMoePhases]);
 
 // ---- Synthetic weights (synth.cu; formulas in synth_rng.h) ----
 void launch_synth_dense(void* dst, WFmt fmt, int64_t count, uint64_t seed, float amplitude,

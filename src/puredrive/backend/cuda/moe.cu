@@ -56,88 +56,111 @@ MoeScratch carve(void* base, int E, int K, int H, int I, int Is, int64_t* total)
   return s;
 }
 
-// Block-wide argmax of (v, i) under "greater v, then lower i"; every thread gets the winner.
-__device__ void block_argmax(float v, int i, float* sv, int* si, float* out_v, int* out_i) {
+// Routes one row with one warp (spec §6): fp32 softmax over the E logits, top-k by (probability desc, id
+// asc), weights renormalised in selection order when norm, written to sel/wts sorted by expert id (the order
+// in which the combine sums), and to sel_copy when given. Every reduction is lane-strided then an xor
+// butterfly, so the result depends only on the row. p: E floats of this warp's shared memory; top_id/top_p:
+// kMaxTopK entries of it.
+__device__ void route_row(const float* logits, int E, int K, bool norm, float* p, int* top_id, float* top_p,
+                          int* sel, float* wts, int* sel_copy) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  float mx = -INFINITY;
+  // Eight loads per lane in flight, then into shared memory.
+  for (int e0 = 0; e0 < E; e0 += 8 * 32) {
+    float v[8];
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float v2 = __shfl_xor_sync(0xffffffffu, v, off);
-    const int i2 = __shfl_xor_sync(0xffffffffu, i, off);
-    if (v2 > v || (v2 == v && i2 < i)) {
-      v = v2;
-      i = i2;
+    for (int j = 0; j < 8; ++j) {
+      const int e = e0 + lane + 32 * j;
+      v[j] = e < E ? logits[e] : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int e = e0 + lane + 32 * j;
+      if (e < E) p[e] = v[j];
+      mx = fmaxf(mx, v[j]);
     }
   }
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  __syncthreads();
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float sum = 0.0f;
+  for (int e = lane; e < E; e += 32) {
+    p[e] = expf(p[e] - mx);
+    sum = sum + p[e];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum = sum + __shfl_xor_sync(0xffffffffu, sum, off);
+  for (int e = lane; e < E; e += 32) p[e] = p[e] / sum;
+  uint32_t taken = 0;  // bit j: expert lane + 32 j is selected
+  for (int i = 0; i < K; ++i) {
+    float bv = -1.0f;
+    int bi = E;
+    for (int e = lane, j = 0; e < E; e += 32, ++j) {
+      if (((taken >> j) & 1u) == 0 && p[e] > bv) {
+        bv = p[e];
+        bi = e;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float v2 = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int i2 = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (v2 > bv || (v2 == bv && i2 < bi)) {
+        bv = v2;
+        bi = i2;
+      }
+    }
+    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+    if (lane == 0) {
+      top_id[i] = bi;
+      top_p[i] = bv;
+    }
+  }
   if (lane == 0) {
-    sv[warp] = v;
-    si[warp] = i;
-  }
-  __syncthreads();
-  float bv = sv[0];
-  int bi = si[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) {
-    if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) {
-      bv = sv[w];
-      bi = si[w];
+    float top = 0.0f;
+    for (int i = 0; i < K; ++i) top += top_p[i];
+    int ids[kMaxTopK];
+    float ws[kMaxTopK];
+    for (int i = 0; i < K; ++i) {
+      // Insertion by ascending id.
+      const int id = top_id[i];
+      const float w = norm ? top_p[i] / top : top_p[i];
+      int at = i;
+      while (at > 0 && ids[at - 1] > id) {
+        ids[at] = ids[at - 1];
+        ws[at] = ws[at - 1];
+        --at;
+      }
+      ids[at] = id;
+      ws[at] = w;
+    }
+    for (int i = 0; i < K; ++i) {
+      sel[i] = ids[i];
+      wts[i] = ws[i];
+      if (sel_copy != nullptr) sel_copy[i] = ids[i];
     }
   }
-  *out_v = bv;
-  *out_i = bi;
 }
 
-// One block of blockDim >= E threads (a multiple of 32, at most 1024): thread e handles expert e.
+// Shared memory of a route block: per warp E probabilities and the top-k ids and probabilities.
+inline size_t route_smem(int E, int warps) {
+  return static_cast<size_t>(warps) * (static_cast<size_t>(E) + 2 * kMaxTopK) * sizeof(float);
+}
+
+// Warp r routes row r; then thread e (blockDim >= E) finds expert e's slot in each row (from a shared copy of
+// the selections) and the ascending list of experts any row selected.
 __global__ void __launch_bounds__(1024) moe_route_kernel(int E, int K, int rows, int norm, MoeScratch s) {
-  __shared__ float red[32];
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  __shared__ int s_sel[kMaxTopK];
-  __shared__ float s_p[kMaxTopK];
+  pdl_enter();
+  extern __shared__ float smem[];
   __shared__ int s_scan[32];
-  const int e = static_cast<int>(threadIdx.x);
-  for (int r = 0; r < rows; ++r) {
-    const float l = e < E ? s.logits[r * E + e] : -INFINITY;
-    const float m = block_max(l, red);
-    const float pe = e < E ? expf(l - m) : 0.0f;
-    const float sum = block_sum(pe, red);
-    const float p = pe / sum;
-    bool chosen = false;
-    for (int i = 0; i < K; ++i) {
-      float wv;
-      int wi;
-      block_argmax(e < E && !chosen ? p : -1.0f, e, sv, si, &wv, &wi);
-      if (e == wi) chosen = true;
-      if (threadIdx.x == 0) {
-        s_sel[i] = wi;
-        s_p[i] = wv;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float top = 0.0f;
-      for (int i = 0; i < K; ++i) top += s_p[i];
-      int ids[kMaxTopK];
-      float ws[kMaxTopK];
-      for (int i = 0; i < K; ++i) {
-        // Insertion by ascending id: the order in which the combine step sums.
-        const int id = s_sel[i];
-        const float w = norm != 0 ? s_p[i] / top : s_p[i];
-        int at = i;
-        while (at > 0 && ids[at - 1] > id) {
-          ids[at] = ids[at - 1];
-          ws[at] = ws[at - 1];
-          --at;
-        }
-        ids[at] = id;
-        ws[at] = w;
-      }
-      for (int i = 0; i < K; ++i) {
-        s.sel[r * K + i] = ids[i];
-        s.wts[r * K + i] = ws[i];
-      }
-    }
-    __syncthreads();
+  __shared__ int s_sel[kMaxRows * kMaxTopK];
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  if (warp < rows) {
+    float* p = smem + static_cast<int64_t>(warp) * (E + 2 * kMaxTopK);
+    route_row(s.logits + static_cast<int64_t>(warp) * E, E, K, norm != 0, p, reinterpret_cast<int*>(p + E),
+              p + E + kMaxTopK, s.sel + warp * K, s.wts + warp * K, s_sel + warp * K);
   }
+  __syncthreads();
+  const int e = static_cast<int>(threadIdx.x);
   // Slots and the ascending list of used experts (exclusive scan of the "used" flags).
   int flag = 0;
   if (e < E) {
@@ -145,14 +168,14 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(int E, int K, int rows,
       int slot = -1;
       if (r < rows) {
         for (int i = 0; i < K; ++i) {
-          if (s.sel[r * K + i] == e) slot = i;
+          if (s_sel[r * K + i] == e) slot = i;
         }
       }
       s.slot_of[e * kMaxRows + r] = slot;
       if (slot >= 0) flag = 1;
     }
   }
-  const int warp = e >> 5, lane = e & 31;
+  const int lane = e & 31;
   int incl = flag;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
@@ -177,11 +200,15 @@ __device__ __forceinline__ void expert_ptrs(const DevMatrix& m, int e, const voi
                            : static_cast<const uint8_t*>(m.biases) + static_cast<int64_t>(e) * m.scale_stride;
 }
 
-// blockIdx.x: used-expert slot u (< umax) or umax for the shared expert; blockIdx.y: 8 output rows, one
-// per warp.
+// u = first + blockIdx.x: used-expert slot u (< umax) or umax for the shared expert; blockIdx.y: 8 output
+// rows, one per warp. NR >= rows (rows_class). Every matrix a launch reads has the format FMT/BITS (FMT
+// kAnyFmt: formats dispatched per matrix at run time, for checkpoints whose gate and up differ): when the
+// shared expert's format differs from the routed experts', it gets a launch of its own (first = umax).
+template <int FMT, int BITS, int NR>
 __global__ void __launch_bounds__(kBlock)
-    moe_up_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, int umax, MoeScratch s) {
-  const int u = static_cast<int>(blockIdx.x);
+    moe_up_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, int umax, int first, MoeScratch s) {
+  pdl_enter();
+  const int u = first + static_cast<int>(blockIdx.x);
   const bool shared = u == umax;
   int e = 0;
   if (!shared) {
@@ -192,28 +219,35 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t n = static_cast<int64_t>(blockIdx.y) * (kBlock / 32) + (threadIdx.x >> 5);
   const int64_t width = shared ? m.shared_inter : m.inter;
   if (n >= width) return;
-  int slot[kMaxRows];
+  int slot[NR];
   uint32_t mask = 0;
-  const float* xr[kMaxRows];
+  const float* xr[NR];
 #pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) {
+  for (int r = 0; r < NR; ++r) {
     slot[r] = r < rows ? (shared ? 0 : s.slot_of[e * kMaxRows + r]) : -1;
     if (slot[r] >= 0) mask |= 1u << r;
     xr[r] = x + r * xs;
   }
   const DevMatrix& gm = shared ? m.sh_gate : m.gate;
   const DevMatrix& um = shared ? m.sh_up : m.up;
-  float ga[kMaxRows] = {}, ua[kMaxRows] = {};
+  float ga[NR] = {}, ua[NR] = {};
   const void *d, *sc, *b;
-  expert_ptrs(gm, shared ? 0 : e, &d, &sc, &b);
-  dot_rows_any<true>(gm, d, sc, b, n, xr, mask, lane, ga);
-  expert_ptrs(um, shared ? 0 : e, &d, &sc, &b);
-  dot_rows_any<true>(um, d, sc, b, n, xr, mask, lane, ua);
-  warp_sum_rows(ga, rows);
-  warp_sum_rows(ua, rows);
+  if constexpr (FMT == kAnyFmt) {
+    expert_ptrs(gm, shared ? 0 : e, &d, &sc, &b);
+    dot_rows_any<true, NR>(gm, d, sc, b, n, xr, mask, lane, ga);
+    expert_ptrs(um, shared ? 0 : e, &d, &sc, &b);
+    dot_rows_any<true, NR>(um, d, sc, b, n, xr, mask, lane, ua);
+  } else {
+    const void *d2, *sc2, *b2;
+    expert_ptrs(gm, shared ? 0 : e, &d, &sc, &b);
+    expert_ptrs(um, shared ? 0 : e, &d2, &sc2, &b2);
+    dot_rows2<FMT, BITS, true, NR>(gm, d, sc, b, um, d2, sc2, b2, n, xr, mask, lane, ga, ua);
+  }
+  warp_sum_rows<NR>(ga, rows);
+  warp_sum_rows<NR>(ua, rows);
   if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) {
+    for (int r = 0; r < NR; ++r) {
       if ((mask >> r) & 1u) {
         const float v = siluf_(ga[r]) * ua[r];
         if (shared) {
@@ -226,45 +260,107 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-__global__ void __launch_bounds__(kBlock) moe_down_kernel(MoeLaunch m, int rows, int umax, MoeScratch s) {
-  const int u = static_cast<int>(blockIdx.x);
-  const bool shared = u == umax;
-  int e = 0;
-  if (!shared) {
-    if (u >= *s.count) return;
-    e = s.used[u];
-  }
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t n = static_cast<int64_t>(blockIdx.y) * (kBlock / 32) + (threadIdx.x >> 5);
-  if (n >= m.hidden) return;
-  int slot[kMaxRows];
-  uint32_t mask = 0;
-  const float* xr[kMaxRows];
+// Products of output row n of G matrices of one format (the down projections of G experts) with G inputs,
+// lane-chunk order as dot_rows, so each result is bitwise what dot_rows gives; the loads of all G matrices
+// are issued before their products.
+template <int FMT, int BITS, int G>
+__device__ __forceinline__ void dot_group(const DevMatrix& m, const void* const data[G],
+                                          const void* const scales[G], const void* const biases[G], int64_t n,
+                                          const float* const x[G], int valid, int lane, float acc[G]) {
+  constexpr int kBatch = 2;
+  const int64_t chunks = m.cols / 8;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
+    RawW8 raw[G][kBatch];
 #pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) {
-    slot[r] = r < rows ? (shared ? 0 : s.slot_of[e * kMaxRows + r]) : -1;
-    if (slot[r] >= 0) mask |= 1u << r;
-    xr[r] = shared ? s.sact + static_cast<int64_t>(r) * m.shared_inter
-                   : s.act + (static_cast<int64_t>(r) * m.top_k + (slot[r] < 0 ? 0 : slot[r])) * m.inter;
-  }
-  const DevMatrix& dm = shared ? m.sh_down : m.down;
-  float acc[kMaxRows] = {};
-  const void *d, *sc, *b;
-  expert_ptrs(dm, shared ? 0 : e, &d, &sc, &b);
-  dot_rows_any<true>(dm, d, sc, b, n, xr, mask, lane, acc);
-  warp_sum_rows(acc, rows);
-  if (lane == 0) {
+    for (int g = 0; g < G; ++g) {
 #pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) {
-      if ((mask >> r) & 1u) {
-        if (shared) {
-          s.ys[r * m.hidden + n] = acc[r];
-        } else {
-          s.y[(static_cast<int64_t>(r) * m.top_k + slot[r]) * m.hidden + n] = acc[r];
-        }
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (g < valid && c < chunks) raw[g][u] = load_raw8<FMT, BITS>(m, data[g], scales[g], biases[g], n, c);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (g >= valid) break;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c >= chunks) break;
+        float w[8], xv[8];
+        decode8<FMT, BITS>(raw[g][u], w);
+        load_x8<true>(x[g] + c * 8, xv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g] = fmaf(xv[j], w[j], acc[g]);
       }
     }
   }
+}
+
+// Down projection and combine in one pass: warp w of block b owns hidden output n = 8 b + w and, for every
+// row, sums its selected experts in ascending id, ((0 + w_1 y_1) + w_2 y_2) + ..., then adds the gated shared
+// expert, and writes (or adds) the result. Each y is the warp-summed product of dot_rows' order, so the sums
+// equal those of separate down and combine kernels, and a row's result depends on that row alone. The shared
+// expert's down product is computed here when it has the routed experts' format, else read from s.ys.
+template <int FMT, int BITS>
+__global__ void __launch_bounds__(kBlock) moe_down_combine_kernel(MoeLaunch m, int rows, MoeScratch s) {
+  pdl_enter();
+  constexpr int G = 4;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * (kBlock / 32) + (threadIdx.x >> 5);
+  if (n >= m.hidden) return;
+  const int K = m.top_k;
+  for (int r = 0; r < rows; ++r) {
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += G) {
+      const int valid = K - k0 < G ? K - k0 : G;
+      const void* data[G];
+      const void* scales[G];
+      const void* biases[G];
+      const float* x[G];
+      float y[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const int k = k0 + (g < valid ? g : 0);
+        expert_ptrs(m.down, s.sel[r * K + k], &data[g], &scales[g], &biases[g]);
+        x[g] = s.act + (static_cast<int64_t>(r) * K + k) * m.inter;
+        y[g] = 0.0f;
+      }
+      dot_group<FMT, BITS, G>(m.down, data, scales, biases, n, x, valid, lane, y);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (g < valid) {
+#pragma unroll
+          for (int off = 16; off > 0; off >>= 1) y[g] += __shfl_xor_sync(0xffffffffu, y[g], off);
+          acc = acc + y[g] * s.wts[r * K + k0 + g];
+        }
+      }
+    }
+    float sh[1] = {};
+    const float* xs[1] = {s.sact + static_cast<int64_t>(r) * m.shared_inter};
+    const DevMatrix& sd = m.sh_down;
+    if (m.shared_format_differs) {
+      sh[0] = s.ys[r * m.hidden + n];
+    } else {
+      dot_rows<FMT, BITS, true, 1>(sd, sd.data, sd.scales, sd.biases, n, xs, 1u, lane, sh);
+      warp_sum_rows<1>(sh, 1);
+    }
+    if (lane == 0) {
+      const float v = acc + sigmoidf_(s.sg[r]) * sh[0];
+      float* o = m.out + r * m.out_stride + n;
+      *o = m.accumulate ? *o + v : v;
+    }
+  }
+}
+
+void launch_down_combine(const MoeLaunch& m, int rows, const MoeScratch& s, cudaStream_t stream) {
+  const dim3 grid(grid_for(m.hidden, kBlock / 32));
+  if (m.shared_format_differs) {
+    launch_gemv(m.sh_down, s.sact, m.shared_inter, s.ys, m.hidden, rows, false, stream);
+  }
+  with_format(m.down.fmt, m.down.bits, [&](auto f) {
+    launch_pdl(moe_down_combine_kernel<decltype(f)::kFmt, decltype(f)::kBits>, grid, dim3(kBlock), 0, stream,
+               m, rows, s);
+  });
 }
 
 __global__ void moe_combine_kernel(MoeLaunch m, int r0, int rows, MoeScratch s) {
@@ -277,7 +373,9 @@ __global__ void moe_combine_kernel(MoeLaunch m, int r0, int rows, MoeScratch s) 
     for (int k = 0; k < m.top_k; ++k) {
       acc = acc + s.y[(static_cast<int64_t>(r) * m.top_k + k) * m.hidden + n] * s.wts[r * m.top_k + k];
     }
-    m.out[(r0 + r) * m.out_stride + n] = acc + sigmoidf_(s.sg[r]) * s.ys[r * m.hidden + n];
+    const float v = acc + sigmoidf_(s.sg[r]) * s.ys[r * m.hidden + n];
+    float* o = m.out + (r0 + r) * m.out_stride + n;
+    *o = m.accumulate ? *o + v : v;
   }
 }
 
@@ -317,54 +415,16 @@ MoeWide carve_wide(void* base, int E, int K, int H, int I, int Is, int64_t* tota
   return w;
 }
 
-// One block per row, blockDim >= E: the same softmax / top-k / renormalisation / id sort as moe_route_kernel.
-__global__ void __launch_bounds__(1024) moe_route_rows_kernel(int E, int K, int norm, MoeScratch s) {
-  __shared__ float red[32];
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  __shared__ int s_sel[kMaxTopK];
-  __shared__ float s_p[kMaxTopK];
-  const int e = static_cast<int>(threadIdx.x);
-  const int r = static_cast<int>(blockIdx.x);
-  const float l = e < E ? s.logits[static_cast<int64_t>(r) * E + e] : -INFINITY;
-  const float m = block_max(l, red);
-  const float pe = e < E ? expf(l - m) : 0.0f;
-  const float sum = block_sum(pe, red);
-  const float p = pe / sum;
-  bool chosen = false;
-  for (int i = 0; i < K; ++i) {
-    float wv;
-    int wi;
-    block_argmax(e < E && !chosen ? p : -1.0f, e, sv, si, &wv, &wi);
-    if (e == wi) chosen = true;
-    if (threadIdx.x == 0) {
-      s_sel[i] = wi;
-      s_p[i] = wv;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float top = 0.0f;
-    for (int i = 0; i < K; ++i) top += s_p[i];
-    int ids[kMaxTopK];
-    float ws[kMaxTopK];
-    for (int i = 0; i < K; ++i) {
-      const int id = s_sel[i];
-      const float w = norm != 0 ? s_p[i] / top : s_p[i];
-      int at = i;
-      while (at > 0 && ids[at - 1] > id) {
-        ids[at] = ids[at - 1];
-        ws[at] = ws[at - 1];
-        --at;
-      }
-      ids[at] = id;
-      ws[at] = w;
-    }
-    for (int i = 0; i < K; ++i) {
-      s.sel[r * K + i] = ids[i];
-      s.wts[r * K + i] = ws[i];
-    }
-  }
+// Warp w of block b routes row 8 b + w, with the decode route's arithmetic.
+__global__ void __launch_bounds__(kBlock)
+    moe_route_rows_kernel(int E, int K, int rows, int norm, MoeScratch s) {
+  extern __shared__ float smem[];
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int r = static_cast<int>(blockIdx.x) * (kBlock / 32) + warp;
+  if (r >= rows) return;
+  float* p = smem + static_cast<int64_t>(warp) * (E + 2 * kMaxTopK);
+  route_row(s.logits + static_cast<int64_t>(r) * E, E, K, norm != 0, p, reinterpret_cast<int*>(p + E),
+            p + E + kMaxTopK, s.sel + r * K, s.wts + r * K, nullptr);
 }
 
 // One thread per expert: its entries in ascending row order.
@@ -382,7 +442,6 @@ __global__ void moe_bucket_kernel(int E, int K, int rows, MoeWide w) {
 
 void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
   const MoeWide w = carve_wide(m.scratch, m.experts, m.top_k, m.hidden, m.inter, m.shared_inter, nullptr);
-  const int route_threads = m.experts <= 32 ? 32 : (m.experts + 31) / 32 * 32;
   for (int r0 = 0; r0 < m.rows; r0 += kMoeWideRows) {
     const int n = m.rows - r0 < kMoeWideRows ? m.rows - r0 : kMoeWideRows;
     const float* x = m.x + r0 * m.x_stride;
@@ -398,7 +457,8 @@ void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
     j.out = w.s.sg;
     j.os = 1;
     launch_tiled(j, 1, n, stream);
-    moe_route_rows_kernel<<<n, route_threads, 0, stream>>>(m.experts, m.top_k, m.norm_topk ? 1 : 0, w.s);
+    moe_route_rows_kernel<<<grid_for(n, kBlock / 32), kBlock, route_smem(m.experts, kBlock / 32), stream>>>(
+        m.experts, m.top_k, n, m.norm_topk ? 1 : 0, w.s);
     moe_bucket_kernel<<<grid_for(m.experts, 128), 128, 0, stream>>>(m.experts, m.top_k, n, w);
     // Routed experts: gate/up into act[entry], then down into y[entry].
     TileJob up;
@@ -461,12 +521,13 @@ int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int sha
 
 namespace {
 
-// Runs the MoE block; when ev is not null, records ev[0..5] between its phases.
+// Runs the MoE block; when ev is not null, records ev[0..kMoePhases] between its phases.
 void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
   const MoeScratch s = carve(m.scratch, m.experts, m.top_k, m.hidden, m.inter, m.shared_inter, nullptr);
   const int up_width = m.inter > m.shared_inter ? m.inter : m.shared_inter;
-  // The router block: one thread per expert (fewer warps, shorter fixed-order reductions).
-  const int route_threads = m.experts <= 32 ? 32 : (m.experts + 31) / 32 * 32;
+  // The route block: a warp per row, then a thread per expert.
+  const int route_threads = m.experts <= kBlock ? kBlock : (m.experts + 31) / 32 * 32;
+  const size_t smem = route_smem(m.experts, kMaxRows);
   auto mark = [&](int i) {
     if (ev != nullptr) cudaEventRecord(ev[i], stream);
   };
@@ -474,21 +535,51 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
     const int n = m.rows - r0 < kMaxRows ? m.rows - r0 : kMaxRows;
     const float* x = m.x + r0 * m.x_stride;
     mark(0);
-    launch_gemv(m.router, x, m.x_stride, s.logits, m.experts, n, false, stream);
-    launch_gemv(m.shared_gate, x, m.x_stride, s.sg, 1, n, false, stream);
+    if (m.router_gate_fused) {
+      GemvMulti g;
+      g.m[0] = m.router;
+      g.m[1] = m.shared_gate;
+      g.out[0] = s.logits;
+      g.out[1] = s.sg;
+      g.os[0] = m.experts;
+      g.os[1] = 1;
+      g.end[0] = m.experts;
+      g.end[1] = m.experts + 1;
+      g.count = 2;
+      launch_gemv_multi(g, x, m.x_stride, n, stream);
+    } else {
+      launch_gemv(m.router, x, m.x_stride, s.logits, m.experts, n, false, stream);
+      launch_gemv(m.shared_gate, x, m.x_stride, s.sg, 1, n, false, stream);
+    }
     mark(1);
-    moe_route_kernel<<<1, route_threads, 0, stream>>>(m.experts, m.top_k, n, m.norm_topk ? 1 : 0, s);
+    launch_pdl(moe_route_kernel, dim3(1), dim3(route_threads), smem, stream, m.experts, m.top_k, n,
+               m.norm_topk ? 1 : 0, s);
     mark(2);
     const int umax = n * m.top_k < m.experts ? n * m.top_k : m.experts;
-    moe_up_kernel<<<dim3(umax + 1, grid_for(up_width, kBlock / 32)), kBlock, 0, stream>>>(m, x, m.x_stride, n,
-                                                                                          umax, s);
+    // The routed experts and, when it shares their format, the shared expert (block umax) in one launch.
+    const unsigned up_rows = grid_for(up_width, kBlock / 32);
+    const bool split = m.shared_format_differs;
+    auto up = [&](const DevMatrix& g, const DevMatrix& u, unsigned blocks, int first) {
+      with_rows_class(n, [&](auto nr) {
+        constexpr int NR = decltype(nr)::value;
+        if (g.fmt != u.fmt || g.bits != u.bits) {
+          launch_pdl(moe_up_kernel<kAnyFmt, 0, NR>, dim3(blocks, up_rows), dim3(kBlock), 0, stream, m, x,
+                     m.x_stride, n, umax, first, s);
+          return;
+        }
+        with_format(g.fmt, g.bits, [&](auto f) {
+          launch_pdl(moe_up_kernel<decltype(f)::kFmt, decltype(f)::kBits, NR>, dim3(blocks, up_rows),
+                     dim3(kBlock), 0, stream, m, x, m.x_stride, n, umax, first, s);
+        });
+      });
+    };
+    up(m.gate, m.up, static_cast<unsigned>(split ? umax : umax + 1), 0);
+    if (split) up(m.sh_gate, m.sh_up, 1, umax);
     mark(3);
-    moe_down_kernel<<<dim3(umax + 1, grid_for(m.hidden, kBlock / 32)), kBlock, 0, stream>>>(m, n, umax, s);
+    MoeLaunch chunk = m;
+    chunk.out = m.out + r0 * m.out_stride;
+    launch_down_combine(chunk, n, s, stream);
     mark(4);
-    const int64_t total = static_cast<int64_t>(n) * m.hidden;
-    const unsigned blocks = grid_for(total, kBlock) < 1024 ? grid_for(total, kBlock) : 1024;
-    moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, r0, n, s);
-    mark(5);
   }
 }
 
@@ -502,17 +593,17 @@ void launch_moe(const MoeLaunch& m, cudaStream_t stream) {
   run_moe(m, stream, nullptr);
 }
 
-void launch_moe_profiled(const MoeLaunch& m, cudaStream_t stream, double ms[5]) {
+void launch_moe_profiled(const MoeLaunch& m, cudaStream_t stream, double ms[kMoePhases]) {
   for (int r0 = 0; r0 < m.rows; r0 += kMaxRows) {
     MoeLaunch chunk = m;
     chunk.x = m.x + r0 * m.x_stride;
     chunk.out = m.out + r0 * m.out_stride;
     chunk.rows = m.rows - r0 < kMaxRows ? m.rows - r0 : kMaxRows;
-    cudaEvent_t ev[6];
+    cudaEvent_t ev[kMoePhases + 1];
     for (cudaEvent_t& e : ev) cudaEventCreate(&e);
     run_moe(chunk, stream, ev);
-    cudaEventSynchronize(ev[5]);
-    for (int i = 0; i < 5; ++i) {
+    cudaEventSynchronize(ev[kMoePhases]);
+    for (int i = 0; i < kMoePhases; ++i) {
       float t = 0;
       cudaEventElapsedTime(&t, ev[i], ev[i + 1]);
       ms[i] += t;

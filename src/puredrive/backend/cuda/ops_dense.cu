@@ -8,26 +8,65 @@ namespace {
 // One warp per output column n at a time (grid-stride over columns), lanes over 8-column chunks of the
 // weight row, a warp butterfly at the end: no shared memory and no block barrier, so each block streams many
 // weight rows instead of paying a reduction per few kilobytes.
-template <int FMT, int BITS, bool VEC>
+template <int FMT, int BITS, bool VEC, int NR>
 __global__ void __launch_bounds__(kBlock)
     gemv_kernel(DevMatrix m, const float* x, int64_t xs, float* out, int64_t os, int rows, int accumulate) {
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (kBlock / 32);
-  const float* xr[kMaxRows];
+  const float* xr[NR];
 #pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) xr[r] = x + r * xs;
+  for (int r = 0; r < NR; ++r) xr[r] = x + r * xs;
   const uint32_t mask = (1u << rows) - 1u;
-  for (int64_t n = static_cast<int64_t>(blockIdx.x) * (kBlock / 32) + warp; n < m.rows; n += stride) {
-    float acc[kMaxRows] = {};
-    dot_rows<FMT, BITS, VEC>(m, m.data, m.scales, m.biases, n, xr, mask, lane, acc);
-    warp_sum_rows(acc, rows);
+  pdl_launch_dependents();
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * (kBlock / 32) + warp;
+  if (first < m.rows) prefetch_row_l2(m, m.data, first, lane);
+  pdl_wait();
+  for (int64_t n = first; n < m.rows; n += stride) {
+    float acc[NR] = {};
+    dot_rows<FMT, BITS, VEC, NR>(m, m.data, m.scales, m.biases, n, xr, mask, lane, acc);
+    warp_sum_rows<NR>(acc, rows);
     if (lane == 0) {
 #pragma unroll
-      for (int r = 0; r < kMaxRows; ++r) {
+      for (int r = 0; r < NR; ++r) {
         if (r < rows) {
           float* o = out + r * os + n;
           *o = accumulate != 0 ? *o + acc[r] : acc[r];
         }
+      }
+    }
+  }
+}
+
+template <int FMT, int BITS, bool VEC, int NR>
+__global__ void __launch_bounds__(kBlock)
+    gemv_multi_kernel(const __grid_constant__ GemvMulti g, const float* x, int64_t xs, int rows) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * (kBlock / 32);
+  const float* xr[NR];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) xr[r] = x + r * xs;
+  const uint32_t mask = (1u << rows) - 1u;
+  const int64_t total = g.end[g.count - 1];
+  pdl_launch_dependents();
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * (kBlock / 32) + warp;
+  if (first < total) {
+    int i = 0;
+    while (first >= g.end[i]) ++i;
+    prefetch_row_l2(g.m[i], g.m[i].data, i == 0 ? first : first - g.end[i - 1], lane);
+  }
+  pdl_wait();
+  for (int64_t n = first; n < total; n += stride) {
+    int i = 0;
+    while (n >= g.end[i]) ++i;
+    const int64_t local = i == 0 ? n : n - g.end[i - 1];
+    const DevMatrix& m = g.m[i];
+    float acc[NR] = {};
+    dot_rows<FMT, BITS, VEC, NR>(m, m.data, m.scales, m.biases, local, xr, mask, lane, acc);
+    warp_sum_rows<NR>(acc, rows);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        if (r < rows) g.out[i][r * g.os[i] + local] = acc[r];
       }
     }
   }
@@ -48,117 +87,69 @@ unsigned gemv_blocks(int64_t n) {
   return static_cast<unsigned>(want < cap ? want : cap);
 }
 
-template <bool VEC>
-void gemv_dispatch(const DevMatrix& w, const float* x, int64_t xs, float* out, int64_t os, int rows,
-                   int accumulate, cudaStream_t stream) {
-  const dim3 grid(gemv_blocks(w.rows));
-#define PD_GEMV(F, B) gemv_kernel<F, B, VEC><<<grid, kBlock, 0, stream>>>(w, x, xs, out, os, rows, accumulate)
-  switch (w.fmt) {
-    case WFmt::kF32:
-      PD_GEMV(0, 0);
-      return;
-    case WFmt::kF16:
-      PD_GEMV(1, 0);
-      return;
-    case WFmt::kBF16:
-      PD_GEMV(2, 0);
-      return;
-    case WFmt::kAffine:
-      switch (w.bits) {
-        case 2:
-          PD_GEMV(3, 2);
-          return;
-        case 3:
-          PD_GEMV(3, 3);
-          return;
-        case 4:
-          PD_GEMV(3, 4);
-          return;
-        case 5:
-          PD_GEMV(3, 5);
-          return;
-        case 6:
-          PD_GEMV(3, 6);
-          return;
-        case 7:
-          PD_GEMV(3, 7);
-          return;
-        default:
-          PD_GEMV(3, 8);
-          return;
-      }
-  }
-#undef PD_GEMV
-}
-
-__device__ void load_w8_any(const DevMatrix& m, int64_t n, int64_t c, float w[8]) {
-  switch (m.fmt) {
-    case WFmt::kF32:
-      load_w8<0, 0>(m, m.data, m.scales, m.biases, n, c, w);
-      return;
-    case WFmt::kF16:
-      load_w8<1, 0>(m, m.data, m.scales, m.biases, n, c, w);
-      return;
-    case WFmt::kBF16:
-      load_w8<2, 0>(m, m.data, m.scales, m.biases, n, c, w);
-      return;
-    case WFmt::kAffine:
-      switch (m.bits) {
-        case 2:
-          load_w8<3, 2>(m, m.data, m.scales, m.biases, n, c, w);
-          return;
-        case 3:
-          load_w8<3, 3>(m, m.data, m.scales, m.biases, n, c, w);
-          return;
-        case 4:
-          load_w8<3, 4>(m, m.data, m.scales, m.biases, n, c, w);
-          return;
-        case 5:
-          load_w8<3, 5>(m, m.data, m.scales, m.biases, n, c, w);
-          return;
-        case 6:
-          load_w8<3, 6>(m, m.data, m.scales, m.biases, n, c, w);
-          return;
-        case 7:
-          load_w8<3, 7>(m, m.data, m.scales, m.biases, n, c, w);
-          return;
-        default:
-          load_w8<3, 8>(m, m.data, m.scales, m.biases, n, c, w);
-          return;
-      }
-  }
+bool aligned_rows(const float* x, int64_t xs) {
+  return (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (xs % 4 == 0);
 }
 
 // Out-of-range token ids give a zero row (the model validates ids before upload).
 __global__ void embed_kernel(DevMatrix table, const int32_t* tokens, int64_t ts, float* out, int64_t os) {
+  pdl_enter();
   const int r = static_cast<int>(blockIdx.x);
   const int32_t id = tokens[r * ts];
   float* o = out + r * os;
   const int64_t chunks = table.cols / 8;
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
     float w[8] = {};
-    if (id >= 0 && id < table.rows) load_w8_any(table, id, c, w);
+    if (id >= 0 && id < table.rows) load_w8_any(table, table.data, table.scales, table.biases, id, c, w);
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[c * 8 + j] = w[j];
   }
 }
 
 // out = (x * rsqrt(mean(x^2) + eps)) * w, the mean as a fixed-order sum / n; out may alias x (each thread
-// rewrites only the elements it read).
+// rewrites only the elements it read). Rows of up to kNormRegs * blockDim elements stay in registers between
+// the two passes (one round of loads, issued together with the weights').
+constexpr int kNormRegs = 8;
+
 __global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int n, float eps, float* out,
                                 int64_t os) {
+  pdl_enter();
   __shared__ float red[32];
   const float* xr = x + blockIdx.x * xs;
   float* o = out + blockIdx.x * os;
+  const int step = static_cast<int>(blockDim.x);
+  if (n <= kNormRegs * step) {
+    float v[kNormRegs], wv[kNormRegs];
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + j * step;
+      v[j] = i < n ? xr[i] : 0.0f;
+      wv[j] = i < n ? w[i] : 0.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j) {
+      if (static_cast<int>(threadIdx.x) + j * step < n) s = fmaf(v[j], v[j], s);
+    }
+    const float total = block_sum(s, red);
+    const float inv = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + j * step;
+      if (i < n) o[i] = (v[j] * inv) * wv[j];
+    }
+    return;
+  }
   float s = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
+  for (int i = threadIdx.x; i < n; i += step) s = fmaf(xr[i], xr[i], s);
   const float total = block_sum(s, red);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = (xr[i] * inv) * w[i];
+  for (int i = threadIdx.x; i < n; i += step) o[i] = (xr[i] * inv) * w[i];
 }
 
 __global__ void add_kernel(const float* a, int64_t as, const float* b, int64_t bs, float* out, int64_t os,
                            int rows, int n) {
+  pdl_enter();
   const int64_t total = static_cast<int64_t>(rows) * n;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -176,6 +167,7 @@ __device__ __forceinline__ void argmax_merge(float& v, int& i, float v2, int i2)
 }
 
 __global__ void argmax_kernel(const float* x, int64_t xs, int n, int32_t* out, int64_t os) {
+  pdl_enter();
   __shared__ float sv[32];
   __shared__ int si[32];
   const float* xr = x + blockIdx.x * xs;
@@ -201,41 +193,134 @@ __global__ void argmax_kernel(const float* x, int64_t xs, int n, int32_t* out, i
   }
 }
 
+// Wide rows: block b of row r reduces its contiguous slice to one (value, index) pair, then one warp per row
+// merges the slices' pairs. The maximum under (value desc, index asc) is order-free, so any split gives the
+// one-block result.
+constexpr int kArgmaxSliceBlock = 256;
+
+__global__ void __launch_bounds__(kArgmaxSliceBlock)
+    argmax_slices_kernel(const float* x, int64_t xs, int n, int slice, float* pv, int* pi) {
+  pdl_enter();
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const int r = static_cast<int>(blockIdx.y);
+  const float* xr = x + r * xs;
+  const int begin = static_cast<int>(blockIdx.x) * slice;
+  const int end = begin + slice < n ? begin + slice : n;
+  float v = -INFINITY;
+  int idx = n;
+  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kArgmaxSliceBlock)
+    argmax_merge(v, idx, xr[i], i);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    argmax_merge(v, idx, __shfl_xor_sync(0xffffffffu, v, off), __shfl_xor_sync(0xffffffffu, idx, off));
+  }
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  if (lane == 0) {
+    sv[warp] = v;
+    si[warp] = idx;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxSliceBlock / 32; ++w) argmax_merge(v, idx, sv[w], si[w]);
+    pv[r * gridDim.x + blockIdx.x] = v;
+    pi[r * gridDim.x + blockIdx.x] = idx;
+  }
+}
+
+__global__ void argmax_merge_kernel(const float* pv, const int* pi, int slices, int n, int32_t* out,
+                                    int64_t os) {
+  pdl_enter();
+  const int r = static_cast<int>(blockIdx.x);
+  const int lane = static_cast<int>(threadIdx.x);
+  float v = -INFINITY;
+  int idx = n;
+  for (int i = lane; i < slices; i += 32) argmax_merge(v, idx, pv[r * slices + i], pi[r * slices + i]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    argmax_merge(v, idx, __shfl_xor_sync(0xffffffffu, v, off), __shfl_xor_sync(0xffffffffu, idx, off));
+  }
+  if (lane == 0) out[r * os] = idx >= n ? 0 : idx;
+}
+
 }  // namespace
+
+int argmax_slices(int n) {
+  constexpr int kPerSlice = 8 * kArgmaxSliceBlock;
+  const int slices = (n + kPerSlice - 1) / kPerSlice;
+  return slices < 1 ? 1 : (slices > 256 ? 256 : slices);
+}
+
+void launch_argmax_wide(const float* x, int64_t xs, int n, int32_t* out, int64_t os, int rows, void* scratch,
+                        cudaStream_t stream) {
+  const int slices = argmax_slices(n);
+  const int slice = (n + slices - 1) / slices;
+  float* pv = static_cast<float*>(scratch);
+  int* pi = reinterpret_cast<int*>(pv + static_cast<int64_t>(rows) * slices);
+  launch_pdl(argmax_slices_kernel, dim3(slices, rows), dim3(kArgmaxSliceBlock), 0, stream, x, xs, n, slice,
+             pv, pi);
+  launch_pdl(argmax_merge_kernel, dim3(rows), dim3(32), 0, stream, pv, pi, slices, n, out, os);
+}
 
 void launch_gemv(const DevMatrix& w, const float* x, int64_t xs, float* out, int64_t os, int rows,
                  bool accumulate, cudaStream_t stream) {
-  const bool vec = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (xs % 4 == 0);
+  const bool vec = aligned_rows(x, xs);
+  const dim3 grid(gemv_blocks(w.rows));
   for (int r0 = 0; r0 < rows; r0 += kMaxRows) {
     const int n = rows - r0 < kMaxRows ? rows - r0 : kMaxRows;
-    if (vec) {
-      gemv_dispatch<true>(w, x + r0 * xs, xs, out + r0 * os, os, n, accumulate ? 1 : 0, stream);
-    } else {
-      gemv_dispatch<false>(w, x + r0 * xs, xs, out + r0 * os, os, n, accumulate ? 1 : 0, stream);
-    }
+    const float* xc = x + r0 * xs;
+    float* oc = out + r0 * os;
+    const int acc = accumulate ? 1 : 0;
+    with_format(w.fmt, w.bits, [&](auto f) {
+      constexpr int F = decltype(f)::kFmt, B = decltype(f)::kBits;
+      if (!vec) {
+        // Unaligned activations (a column slice): rare, one variant.
+        launch_pdl(gemv_kernel<F, B, false, kMaxRows>, grid, dim3(kBlock), 0, stream, w, xc, xs, oc, os, n,
+                   acc);
+        return;
+      }
+      with_rows_class(n, [&](auto nr) {
+        launch_pdl(gemv_kernel<F, B, true, decltype(nr)::value>, grid, dim3(kBlock), 0, stream, w, xc, xs, oc,
+                   os, n, acc);
+      });
+    });
   }
+}
+
+void launch_gemv_multi(const GemvMulti& g, const float* x, int64_t xs, int rows, cudaStream_t stream) {
+  if (!aligned_rows(x, xs)) {
+    for (int i = 0; i < g.count; ++i) launch_gemv(g.m[i], x, xs, g.out[i], g.os[i], rows, false, stream);
+    return;
+  }
+  const dim3 grid(gemv_blocks(g.end[g.count - 1]));
+  with_format(g.m[0].fmt, g.m[0].bits, [&](auto f) {
+    with_rows_class(rows, [&](auto nr) {
+      launch_pdl(gemv_multi_kernel<decltype(f)::kFmt, decltype(f)::kBits, true, decltype(nr)::value>, grid,
+                 dim3(kBlock), 0, stream, g, x, xs, rows);
+    });
+  });
 }
 
 void launch_embed(const DevMatrix& table, const int32_t* tokens, int64_t ts, float* out, int64_t os, int rows,
                   cudaStream_t stream) {
-  embed_kernel<<<rows, kBlock, 0, stream>>>(table, tokens, ts, out, os);
+  launch_pdl(embed_kernel, dim3(rows), dim3(kBlock), 0, stream, table, tokens, ts, out, os);
 }
 
 void launch_rms_norm(const float* x, int64_t xs, const float* w, int n, float eps, float* out, int64_t os,
                      int rows, cudaStream_t stream) {
-  rms_norm_kernel<<<rows, kBlock, 0, stream>>>(x, xs, w, n, eps, out, os);
+  launch_pdl(rms_norm_kernel, dim3(rows), dim3(kBlock), 0, stream, x, xs, w, n, eps, out, os);
 }
 
 void launch_add(const float* a, int64_t as, const float* b, int64_t bs, float* out, int64_t os, int rows,
                 int n, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(rows) * n;
   const unsigned blocks = grid_for(total, kBlock) < 1024 ? grid_for(total, kBlock) : 1024;
-  add_kernel<<<blocks, kBlock, 0, stream>>>(a, as, b, bs, out, os, rows, n);
+  launch_pdl(add_kernel, dim3(blocks), dim3(kBlock), 0, stream, a, as, b, bs, out, os, rows, n);
 }
 
 void launch_argmax(const float* x, int64_t xs, int n, int32_t* out, int64_t os, int rows,
                    cudaStream_t stream) {
-  argmax_kernel<<<rows, 1024, 0, stream>>>(x, xs, n, out, os);
+  launch_pdl(argmax_kernel, dim3(rows), dim3(1024), 0, stream, x, xs, n, out, os);
 }
 
 }  // namespace pd::cuda
