@@ -105,7 +105,8 @@ Served load_model(const ServeArgs& a) {
                           .vocab_size = vocab,
                           .mtp_draft = m.generator->has_drafter() ? a.mtp_draft : 0,
                           .backend = m.backend->name()};
-  s.engine = std::make_unique<server::GeneratorEngine>(std::move(m.generator), prompts->tokenizer(), info,
+  // The prompt builder needs tokenizer.json, so the session has loaded it too: the engine takes that copy.
+  s.engine = std::make_unique<server::GeneratorEngine>(std::move(m.generator), std::move(*m.tokenizer), info,
                                                        a.mtp_draft);
   return s;
 }
