@@ -245,6 +245,17 @@ TEST(StopMatcher, EarliestOfSeveralStopsWins) {
   EXPECT_EQ(joined(out), "xx");
 }
 
+// Where two stop strings overlap, the one that completes first wins, however the text was split.
+TEST(StopMatcher, OutcomeDoesNotDependOnHowTheTextWasSplit) {
+  const std::vector<std::vector<std::string>> splits = {
+      {"abcd"}, {"ab", "cd"}, {"abc", "d"}, {"a", "b", "c", "d"}};
+  for (const auto& pieces : splits) {
+    StopMatcher m({"abcd", "bc"});
+    EXPECT_EQ(joined(feed(m, pieces)), "a") << pieces.size() << " pieces";
+    EXPECT_TRUE(m.matched());
+  }
+}
+
 TEST(StopMatcher, FlushReleasesHeldText) {
   StopMatcher m({"abc"});
   auto out = feed(m, {"xab"});
