@@ -1,63 +1,63 @@
 #!/usr/bin/env bash
-# make run: starts `puredrive serve` on the bundled model, sends one chat request with curl, prints the
-# reply and stops the server. Usage: scripts/run-demo.sh PUREDRIVE_BIN MODEL_DIR
+# make run: what PureDrive does, in a few seconds. The bundled tiny coder writes the body of a Python function
+# from its signature and docstring, with MTP speculative decoding (the model's own MTP head drafts tokens, the
+# trunk verifies them); then the same prompt runs again without speculation (--no-mtp). Verification keeps
+# only tokens the trunk itself would have produced, so the two answers must be byte-identical: the script
+# compares them and fails if they differ.
+# Usage: scripts/run-demo.sh PUREDRIVE_BIN MODEL_DIR
 set -euo pipefail
-bin=$1
-model=$2
-alias_name=$(basename "$model")
-out=$(mktemp)
-log=$(mktemp)
-"$bin" serve --model "$model" --model-alias "$alias_name" --port 0 > "$out" 2> "$log" &
-pid=$!
-cleanup() {
-  kill "$pid" 2> /dev/null || true
-  wait "$pid" 2> /dev/null || true
-  rm -f "$out" "$log"
-}
-trap cleanup EXIT
+bin=${1:?usage: run-demo.sh PUREDRIVE_BIN MODEL_DIR}
+model=${2:?usage: run-demo.sh PUREDRIVE_BIN MODEL_DIR}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 
-# The server prints "listening on http://HOST:PORT" once the model is loaded.
-for _ in $(seq 1 3000); do
-  grep -q "listening on" "$out" && break
-  if ! kill -0 "$pid" 2> /dev/null; then
-    echo "puredrive serve failed to start:" >&2
-    cat "$log" >&2
+prompt='def dedent(text):
+    """Remove any common leading whitespace from every line in `text`."""
+'
+
+# Greedy, up to 128 tokens, ending at the first blank line (the end of the function).
+generate() {
+  local name=$1
+  shift
+  if ! "$bin" generate --model "$model" --prompt "$prompt" -n 128 --temp 0 --stop $'\n\n' --stats "$@" \
+    > "$work/$name.txt" 2> "$work/$name.log"; then
+    echo "run-demo: puredrive generate $* failed:" >&2
+    cat "$work/$name.log" >&2
     exit 1
   fi
-  sleep 0.1
-done
-url=$(grep -o 'http://[^ ]*' "$out" | head -n1)
-if [[ -z "$url" ]]; then
-  echo "puredrive serve did not come up within 300 s:" >&2
-  cat "$log" >&2
+}
+
+# From generate's stderr: "... decode N tokens at X tok/s (...)" and "stats: ..., tokens/cycle T, ...".
+field() {
+  sed -n "$2" "$work/$1.log" | head -n1
+}
+
+generate mtp
+generate plain --no-mtp
+
+echo "prompt ($(basename "$model")):"
+printf '%s' "$prompt"
+echo
+echo "answer:"
+cat "$work/mtp.txt"
+echo
+tps_mtp=$(field mtp 's/.*decode \([0-9]* tokens at [0-9.]* tok\/s\).*/\1/p')
+tpc=$(field mtp 's/.*tokens\/cycle \([0-9.]*\).*/\1/p')
+tps_plain=$(field plain 's/.*decode \([0-9]* tokens at [0-9.]* tok\/s\).*/\1/p')
+if [[ -z "$tps_mtp" || -z "$tpc" || -z "$tps_plain" ]]; then
+  echo "run-demo: could not read the statistics of puredrive generate:" >&2
+  cat "$work/mtp.log" "$work/plain.log" >&2
   exit 1
 fi
-echo "server: $url (model $alias_name)"
+echo "with MTP:    $tps_mtp, $tpc tokens per cycle"
+echo "without MTP: $tps_plain, 1 token per step"
 
-question="Write a Python function that checks whether a string is a palindrome."
-echo "user: $question"
-echo
-reply=$(curl -sS "$url/v1/chat/completions" -H 'Content-Type: application/json' -d @- << JSON
-{"model": "$alias_name", "messages": [{"role": "user", "content": "$question"}], "max_tokens": 256, "temperature": 0,
- "chat_template_kwargs": {"enable_thinking": false}}
-JSON
-)
-if command -v python3 > /dev/null; then
-  python3 -c '
-import json, sys
-r = json.loads(sys.argv[1])
-if "error" in r:
-    sys.exit("error: " + r["error"]["message"])
-m = r["choices"][0]["message"]
-if m.get("reasoning_content"):
-    print("reasoning:", m["reasoning_content"])
-print("assistant:", m.get("content") or "")
-u = r["usage"]
-print("(%d prompt + %d completion tokens, finish_reason %s)"
-      % (u["prompt_tokens"], u["completion_tokens"], r["choices"][0]["finish_reason"]))
-' "$reply"
+if cmp -s "$work/mtp.txt" "$work/plain.txt"; then
+  echo "--no-mtp answer: identical ($(wc -c < "$work/mtp.txt") bytes compared)"
 else
-  echo "$reply"
+  echo "run-demo: the --no-mtp answer DIFFERS from the MTP answer; speculative decoding is not exact here:" >&2
+  diff "$work/mtp.txt" "$work/plain.txt" >&2 || true
+  exit 1
 fi
-echo "--- server log ---"
-cat "$log"
+echo
+echo "Serve it to OpenAI clients: $bin serve --model $model (docs/API.md)"

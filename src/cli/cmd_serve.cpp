@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -16,11 +17,7 @@
 #include <fmt/format.h>
 
 #include "cli/command.h"
-#include "puredrive/backend/backend.h"
-#include "puredrive/checkpoint/loader.h"
-#include "puredrive/checkpoint/memory_plan.h"
-#include "puredrive/decode/generator.h"
-#include "puredrive/model/model.h"
+#include "puredrive/decode/model_session.h"
 #include "puredrive/server/api_service.h"
 #include "puredrive/server/fake_engine.h"
 #include "puredrive/server/fake_frontend.h"
@@ -61,11 +58,9 @@ struct ServeArgs {
 }
 
 // What is served, and everything the engine borrows from. Members are destroyed in reverse order: the
-// engine (generator) before the model, backend and weights it uses.
+// engine (generator) before the model session whose model, backend and weights it uses.
 struct Served {
-  std::unique_ptr<Checkpoint> checkpoint;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<ModelSession> session;
   std::unique_ptr<server::Engine> engine;
   server::Frontend frontend;
 };
@@ -90,38 +85,28 @@ T take(Expected<T> e) {
 }
 
 Served load_model(const ServeArgs& a) {
-  // The memory plan is checked from config.json before anything is mapped, then with the real weights.
-  const ModelConfig config = take(load_model_config(a.model));
-  const int64_t available = take(available_memory_bytes());
-  if (Status st = check_memory_fits(plan_memory(config, nullptr, a.ctx_size), available, a.model); !st) {
-    fail(st.message());
-  }
   Served s;
-  s.checkpoint = std::make_unique<Checkpoint>(take(load_checkpoint(a.model)));
-  const Checkpoint& ck = *s.checkpoint;
-  for (const auto& notice : ck.notices) PD_LOG_INFO("{}", notice);
-  if (Status st = check_memory_fits(plan_memory(ck.config, &ck.weights, a.ctx_size), available, a.model);
-      !st) {
-    fail(st.message());
-  }
-  s.backend = take(create_backend({.name = a.backend, .threads = a.threads, .device_index = 0}));
-  const int max_draft = std::max(a.mtp_draft, 1);
-  s.model = take(create_model(ck.config, ck.weights, *s.backend, {.max_rows = std::max(64, max_draft + 1)}));
-  std::unique_ptr<Generator> generator = take(Generator::create(
-      *s.model,
-      {.ctx_size = a.ctx_size, .kv_dtype = DType::kBF16, .max_draft = max_draft, .mtp = a.mtp_draft > 0}));
-  if (a.mtp_draft > 0 && !generator->has_drafter()) {
+  s.session = take(ModelSession::open({.model_dir = a.model,
+                                       .backend = a.backend,
+                                       .threads = a.threads,
+                                       .ctx_size = a.ctx_size,
+                                       .kv_dtype = DType::kBF16,
+                                       .max_draft = std::max(a.mtp_draft, 1),
+                                       .mtp = a.mtp_draft > 0}));
+  ModelSession& m = *s.session;
+  if (a.mtp_draft > 0 && !m.generator->has_drafter()) {
     PD_LOG_WARN("{} has no MTP head: decoding without speculation", a.model);
   }
-  const int32_t vocab = ck.config.vocab_size;
+  const int32_t vocab = m.checkpoint.config.vocab_size;
   auto prompts = take(server::ModelPromptBuilder::load(a.model, vocab));
   s.frontend = server::Frontend{prompts, std::make_shared<server::ModelOutputParser>()};
   server::EngineInfo info{.model_id = a.model_alias,
                           .context_size = a.ctx_size,
                           .vocab_size = vocab,
-                          .mtp_draft = generator->has_drafter() ? a.mtp_draft : 0,
-                          .backend = s.backend->name()};
-  s.engine = std::make_unique<server::GeneratorEngine>(std::move(generator), prompts->tokenizer(), info,
+                          .mtp_draft = m.generator->has_drafter() ? a.mtp_draft : 0,
+                          .backend = m.backend->name()};
+  // The prompt builder needs tokenizer.json, so the session has loaded it too: the engine takes that copy.
+  s.engine = std::make_unique<server::GeneratorEngine>(std::move(m.generator), std::move(*m.tokenizer), info,
                                                        a.mtp_draft);
   return s;
 }

@@ -16,17 +16,23 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "puredrive/backend/backend.h"
 #include "puredrive/decode/acceptance.h"
 #include "puredrive/decode/sampling_params.h"
 #include "puredrive/decode/seeded_noise.h"
-#include "puredrive/decode/speculative_harness.h"
 #include "puredrive/decode/token_history.h"
 #include "puredrive/model/sequence_state.h"
 #include "puredrive/util/status.h"
 
 namespace pd {
+
+// What a drafter proposes for one cycle.
+struct DraftBlock {
+  std::vector<int32_t> tokens;           // d_1..d_k
+  std::vector<TokenDistribution> dists;  // q_1..q_k, the distributions they were drawn from
+};
 
 struct DraftContext {
   std::span<const int32_t> sequence;  // prompt + generated tokens; the last one is x_n

@@ -94,20 +94,6 @@ Status check_request(const DecodeRequest& r, int vocab, int ctx_size, int max_dr
 
 }  // namespace
 
-const char* finish_reason_name(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kContextFull:
-      return "context_full";
-    case FinishReason::kCancelled:
-      return "cancelled";
-  }
-  return "?";
-}
-
 std::string DecodeResult::summary() const {
   std::string s = fmt::format("{} tokens, {} steps ({} plain)", tokens.size(), steps, plain_steps);
   if (accept.cycles > 0) {

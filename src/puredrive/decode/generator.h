@@ -38,6 +38,7 @@
 #include "puredrive/decode/sampler.h"
 #include "puredrive/decode/sampling_params.h"
 #include "puredrive/model/model.h"
+#include "puredrive/util/finish_reason.h"
 
 namespace pd {
 
@@ -47,9 +48,6 @@ struct GeneratorOptions {
   int max_draft = 4;              // the largest k a request may ask for (k + 1 GDN snapshots are kept)
   bool mtp = true;                // attach an MtpDrafter when the model has an MTP head
 };
-
-enum class FinishReason { kStop, kLength, kContextFull, kCancelled };
-const char* finish_reason_name(FinishReason reason);
 
 struct DecodeRequest {
   std::vector<int32_t> prompt;  // >= 1 token, fewer than the context size

@@ -15,17 +15,13 @@
 
 #include "puredrive/decode/accept_stats.h"
 #include "puredrive/decode/acceptance.h"
+#include "puredrive/decode/drafter.h"
 #include "puredrive/decode/sampler.h"
 #include "puredrive/util/status.h"
 
 namespace pd {
 
 using DistributionFn = std::function<Status(std::span<const int32_t> context, TokenDistribution* out)>;
-
-struct DraftBlock {
-  std::vector<int32_t> tokens;           // d_1..d_k
-  std::vector<TokenDistribution> dists;  // q_1..q_k, the distributions they were drawn from
-};
 
 // Proposes k tokens after `context`. Drafters for kGreedy / kSeeded may leave dists empty.
 using DrafterFn = std::function<Status(std::span<const int32_t> context, int k, Rng& rng, DraftBlock* out)>;

@@ -26,7 +26,12 @@
 #include <utility>
 #include <vector>
 
+#include "puredrive/util/finish_reason.h"
+
 namespace pd::server {
+
+// Part of the port's vocabulary; shared with decode/ (util/finish_reason.h).
+using pd::FinishReason;
 
 // Validated sampling settings (request_parser.cpp checks the ranges). The adapter maps them onto the
 // decode/ sampler's parameters one to one.
@@ -72,10 +77,6 @@ struct GenerationOutput {
   std::string text;                    // valid UTF-8, possibly empty
   std::vector<TokenLogprob> logprobs;  // one per token id when requested, else empty
 };
-
-enum class FinishReason { kStop, kLength, kContextFull, kCancelled, kError };
-
-const char* finish_reason_name(FinishReason reason);
 
 struct GenerationStats {
   int32_t prompt_tokens = 0;

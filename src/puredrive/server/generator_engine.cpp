@@ -20,20 +20,6 @@ SamplingParams to_params(const SamplingOptions& s) {
   return p;
 }
 
-FinishReason to_port(pd::FinishReason r) {
-  switch (r) {
-    case pd::FinishReason::kStop:
-      return FinishReason::kStop;
-    case pd::FinishReason::kLength:
-      return FinishReason::kLength;
-    case pd::FinishReason::kContextFull:
-      return FinishReason::kContextFull;
-    case pd::FinishReason::kCancelled:
-      return FinishReason::kCancelled;
-  }
-  return FinishReason::kError;
-}
-
 }  // namespace
 
 GeneratorEngine::GeneratorEngine(std::unique_ptr<Generator> generator, Tokenizer tokenizer, EngineInfo info,
@@ -92,7 +78,7 @@ GenerationResult GeneratorEngine::generate(const GenerationRequest& request, Gen
     result.error = r.status().message();
     return result;
   }
-  result.reason = to_port(r->reason);
+  result.reason = r->reason;
   if (result.reason != FinishReason::kCancelled) {
     // A character left unfinished at the end becomes U+FFFD, as the tokenizer's decode() does.
     std::string tail = detok.finish();

@@ -200,7 +200,9 @@ void HttpServer::install_routes() {
     send(res,
          service_.error(api_error(500, "server_error", "Internal error: " + what), endpoint_label(req.path)));
   });
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  // Counted when the status line is about to be written (httplib's logger runs only after the body is
+  // out), so a client that holds a response always finds it in /metrics.
+  s.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     metrics_.on_http_response(endpoint_label(req.path), res.status);
   });
 }

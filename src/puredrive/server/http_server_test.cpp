@@ -219,7 +219,7 @@ TEST(HttpServer, StreamingClientThatHangsUpCancelsItsGeneration) {
   ServerSetup setup;
   setup.script = std::vector<std::string>(2000, "x");
   TestServer s(setup);
-  s.engine.set_token_delay(1ms);
+  s.engine.close_gate(1);  // the engine stays mid-stream, after the first token, until cancelled
   {
     RawConnection conn(s.port);
     ASSERT_TRUE(conn.connected());
@@ -227,7 +227,9 @@ TEST(HttpServer, StreamingClientThatHangsUpCancelsItsGeneration) {
     ASSERT_TRUE(conn.read_until("\"content\":\"x\""));
   }
   ASSERT_TRUE(wait_until([&] { return s.engine.cancelled() == 1; }, 3s)) << "engine kept generating";
+  EXPECT_EQ(s.engine.finished(), 0);
   // The engine is free again.
+  s.engine.open_gate();
   auto r = s.client().Post("/v1/completions", json{{"model", "m"}, {"prompt", "a"}, {"max_tokens", 3}}.dump(),
                            "application/json");
   ASSERT_TRUE(r);

@@ -111,7 +111,7 @@ TEST(Scheduler, CancellingAQueuedRequestRemovesItAtOnce) {
 
 TEST(Scheduler, CancellingARunningRequestFreesTheEngine) {
   GatedEngine engine(std::vector<std::string>(1000, "t"));
-  engine.set_token_delay(1ms);
+  engine.close_gate(1);  // the engine stays after its first token until cancelled
   Scheduler s(engine, 4, nullptr);
   auto slow = s.submit(request("slow", 1000), {});
   auto next = s.submit(request("next", 3), {});
@@ -122,7 +122,8 @@ TEST(Scheduler, CancellingARunningRequestFreesTheEngine) {
   const Drained d = drain(*slow);
   ASSERT_TRUE(d.finished);
   EXPECT_EQ(d.result.reason, FinishReason::kCancelled);
-  EXPECT_LT(d.result.stats.completion_tokens, 1000);
+  EXPECT_EQ(d.result.stats.completion_tokens, 1);  // the token before the gate
+  engine.open_gate();
   const Drained n = drain(*next);
   EXPECT_EQ(n.text, "ttt");
   EXPECT_EQ(n.result.reason, FinishReason::kLength);
@@ -242,6 +243,17 @@ TEST(StopMatcher, EarliestOfSeveralStopsWins) {
   StopMatcher m({"bb", "a"});
   auto out = feed(m, {"xxbbya"});
   EXPECT_EQ(joined(out), "xx");
+}
+
+// Where two stop strings overlap, the one that completes first wins, however the text was split.
+TEST(StopMatcher, OutcomeDoesNotDependOnHowTheTextWasSplit) {
+  const std::vector<std::vector<std::string>> splits = {
+      {"abcd"}, {"ab", "cd"}, {"abc", "d"}, {"a", "b", "c", "d"}};
+  for (const auto& pieces : splits) {
+    StopMatcher m({"abcd", "bc"});
+    EXPECT_EQ(joined(feed(m, pieces)), "a") << pieces.size() << " pieces";
+    EXPECT_TRUE(m.matched());
+  }
 }
 
 TEST(StopMatcher, FlushReleasesHeldText) {

@@ -1,52 +1,24 @@
 #include "puredrive/server/stop_matcher.h"
 
-#include <algorithm>
-
 namespace pd::server {
 
-StopMatcher::StopMatcher(std::vector<std::string> stops) {
-  for (auto& s : stops) {
-    if (!s.empty()) stops_.push_back(std::move(s));
-  }
-}
+StopMatcher::StopMatcher(std::vector<std::string> stops) : text_(std::move(stops)) {}
 
 std::vector<GenerationOutput> StopMatcher::push(GenerationOutput output) {
-  if (matched_) return {};
-  if (stops_.empty()) return {std::move(output)};
+  if (matched()) return {};
+  const StopStringMatcher::Result r = text_.feed(output.text);
   pending_.push_back(std::move(output));
-  std::string text;
-  for (const auto& p : pending_) text += p.text;
-
-  size_t first = std::string::npos;
-  for (const auto& s : stops_) first = std::min(first, text.find(s));
-  if (first != std::string::npos) {
-    matched_ = true;
-    auto out = release(first);
-    pending_.clear();
-    return out;
-  }
-  return release(text.size() - held_suffix(text));
+  auto out = release(r.text.size());
+  if (r.stopped) pending_.clear();
+  return out;
 }
 
 std::vector<GenerationOutput> StopMatcher::flush() {
+  text_.flush();
   std::vector<GenerationOutput> out(std::make_move_iterator(pending_.begin()),
                                     std::make_move_iterator(pending_.end()));
   pending_.clear();
   return out;
-}
-
-// Longest suffix of text that is a proper prefix of some stop string: it may still become a match.
-size_t StopMatcher::held_suffix(const std::string& text) const {
-  size_t best = 0;
-  for (const auto& s : stops_) {
-    for (size_t len = std::min(text.size(), s.size() - 1); len > best; --len) {
-      if (text.compare(text.size() - len, len, s, 0, len) == 0) {
-        best = len;
-        break;
-      }
-    }
-  }
-  return best;
 }
 
 std::vector<GenerationOutput> StopMatcher::release(size_t n) {
@@ -55,7 +27,7 @@ std::vector<GenerationOutput> StopMatcher::release(size_t n) {
   while (!pending_.empty()) {
     GenerationOutput& front = pending_.front();
     const size_t len = front.text.size();
-    if (pos + len <= n && !(len == 0 && pos == n && matched_)) {
+    if (pos + len <= n && !(len == 0 && pos == n && matched())) {
       pos += len;
       out.push_back(std::move(front));
       pending_.pop_front();

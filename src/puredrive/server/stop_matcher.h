@@ -1,6 +1,6 @@
-// Stop strings on streamed text. A stop string may arrive split over several engine outputs, so the text
-// that could still be the start of one is held back until the next output decides; nothing of the stop
-// string itself, nor anything after it, is released (OpenAI semantics).
+// Stop strings on streamed engine outputs. The matching itself is tokenizer/'s StopStringMatcher (text that
+// may still start a stop string is held back; nothing of a stop string, nor anything after it, is released:
+// OpenAI semantics); this adds the engine outputs' token ids and logprobs, which travel with their text.
 #pragma once
 
 #include <deque>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "puredrive/server/engine_port.h"
+#include "puredrive/tokenizer/stop_strings.h"
 
 namespace pd::server {
 
@@ -20,16 +21,15 @@ class StopMatcher {
   std::vector<GenerationOutput> push(GenerationOutput output);
   // End of generation without a match: releases everything still held.
   std::vector<GenerationOutput> flush();
-  bool matched() const { return matched_; }
+  bool matched() const { return text_.stopped(); }
 
  private:
   // Releases the first n bytes of the pending text (and the tokens of the outputs that start there).
   std::vector<GenerationOutput> release(size_t n);
-  size_t held_suffix(const std::string& text) const;
 
-  std::vector<std::string> stops_;
+  StopStringMatcher text_;
+  // The outputs whose text the matcher still holds (their texts, joined, are the held text).
   std::deque<GenerationOutput> pending_;
-  bool matched_ = false;
 };
 
 }  // namespace pd::server

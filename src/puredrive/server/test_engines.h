@@ -7,7 +7,6 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "puredrive/server/engine_port.h"
@@ -24,10 +23,12 @@ class GatedEngine final : public Engine {
         .model_id = "m", .context_size = 64, .vocab_size = 1000, .mtp_draft = 0, .backend = "test"};
   }
 
-  // While closed, generate() waits before its first output (like a long prefill).
-  void close_gate() {
+  // While closed, generate() waits before output number `position` of its script: before the first one by
+  // default (like a long prefill), or mid-stream, so that a test acts while the engine is known to be there.
+  void close_gate(size_t position = 0) {
     std::lock_guard l(mu_);
     open_ = false;
+    gate_at_ = position;
   }
   void open_gate() {
     {
@@ -39,24 +40,19 @@ class GatedEngine final : public Engine {
   int started() const { return started_.load(); }
   int cancelled() const { return cancelled_.load(); }
   int finished() const { return finished_.load(); }
-  void set_token_delay(std::chrono::milliseconds d) { delay_ = d; }
 
   GenerationResult generate(const GenerationRequest& request, GenerationSink& sink) override {
     ++started_;
     GenerationResult r;
     r.stats.prompt_tokens = static_cast<int32_t>(request.prompt_ids.size());
-    {
-      std::unique_lock l(mu_);
-      while (!open_ && !sink.cancelled()) cv_.wait_for(l, std::chrono::milliseconds(5));
-    }
     for (size_t i = 0; i < script_.size(); ++i) {
+      wait_at_gate(i, sink);
       if (sink.cancelled()) return cancel(r);
       if (r.stats.completion_tokens >= request.max_tokens) {
         r.reason = FinishReason::kLength;
         ++finished_;
         return r;
       }
-      std::this_thread::sleep_for(delay_);
       GenerationOutput out;
       out.token_ids = {static_cast<int32_t>(i)};
       out.text = script_[i];
@@ -69,6 +65,13 @@ class GatedEngine final : public Engine {
   }
 
  private:
+  void wait_at_gate(size_t position, GenerationSink& sink) {
+    std::unique_lock l(mu_);
+    if (position != gate_at_) return;
+    // Cancellation does not notify the gate: poll it.
+    while (!open_ && !sink.cancelled()) cv_.wait_for(l, std::chrono::milliseconds(5));
+  }
+
   GenerationResult cancel(GenerationResult r) {
     ++cancelled_;
     r.reason = FinishReason::kCancelled;
@@ -79,7 +82,7 @@ class GatedEngine final : public Engine {
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true;
-  std::chrono::milliseconds delay_{0};
+  size_t gate_at_ = 0;
   std::atomic<int> started_{0}, cancelled_{0}, finished_{0};
 };
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "puredrive/util/utf8.h"
+
 namespace pd::tok {
 
 inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
@@ -17,7 +19,7 @@ size_t find_invalid_utf8(std::string_view s);
 // Decodes the code point at s[i] (s must be valid UTF-8 there) and advances i past it.
 char32_t next_code_point(std::string_view s, size_t& i);
 
-void append_utf8(std::string& out, char32_t cp);
+using pd::append_utf8;
 
 // Appends the lossy decoding of `in` to `out` and returns how many input bytes were consumed. Unless
 // `final`, a trailing proper prefix of a well-formed sequence is left unconsumed (it may still be

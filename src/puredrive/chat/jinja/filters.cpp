@@ -86,7 +86,7 @@ std::string apply_title(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
     const char32_t cp = utf8::decode(s, i);
     if (is_sep(cp)) {
-      utf8::append(out, cp);
+      append_utf8(out, cp);
       at_start = true;
     } else if (at_start) {
       utf8::append_upper(out, cp);

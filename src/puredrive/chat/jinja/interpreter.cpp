@@ -519,7 +519,7 @@ Value Interpreter::eval_getitem(const ast::Getitem& node, const ScopePtr& scope)
       r = slice_indices(&start, &stop, &step, static_cast<int64_t>(cps.size()));
       std::string out;
       for (int64_t i = r.start; r.step > 0 ? i < r.stop : i > r.stop; i += r.step) {
-        utf8::append(out, cps[static_cast<size_t>(i)]);
+        append_utf8(out, cps[static_cast<size_t>(i)]);
       }
       return Value::from_string(std::move(out));
     }
@@ -656,7 +656,7 @@ Value Interpreter::getitem(const Value& obj, const Value& key) {
           if (i < 0) i += static_cast<int64_t>(cps.size());
           if (i >= 0 && i < static_cast<int64_t>(cps.size())) {
             std::string out;
-            utf8::append(out, cps[static_cast<size_t>(i)]);
+            append_utf8(out, cps[static_cast<size_t>(i)]);
             return Value::from_string(std::move(out));
           }
         }

@@ -477,7 +477,7 @@ class Lexer {
           }
           if (cp > 0x10FFFF) error_at(offset, "illegal Unicode character");
           i += n;
-          utf8::append(out, cp);
+          append_utf8(out, cp);
           break;
         }
         case 'N':
@@ -488,7 +488,7 @@ class Lexer {
             for (int k = 0; k < 2 && i < body.size() && body[i] >= '0' && body[i] <= '7'; ++k, ++i) {
               cp = cp * 8 + static_cast<uint32_t>(body[i] - '0');
             }
-            utf8::append(out, cp);
+            append_utf8(out, cp);
           } else if (static_cast<unsigned char>(e) >= 0x80) {
             // backslash + non-ASCII: backslashreplace produced "\\xNN"-style text, which decodes to a
             // literal backslash followed by the escape's letters.

@@ -169,7 +169,7 @@ std::string title_case(const std::string& s) {
       }
       prev_cased = true;
     } else {
-      utf8::append(out, cp);
+      append_utf8(out, cp);
       prev_cased = false;
     }
   }
@@ -327,7 +327,7 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
       } else if (utf8::is_lower(cp)) {
         utf8::append_upper(out, cp);
       } else {
-        utf8::append(out, cp);
+        append_utf8(out, cp);
       }
     }
     return str_value(std::move(out));
@@ -419,7 +419,7 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
           col += n;
         }
       } else {
-        utf8::append(out, cp);
+        append_utf8(out, cp);
         col = (cp == '\n' || cp == '\r') ? 0 : col + 1;
       }
       interp.check_size(out.size());

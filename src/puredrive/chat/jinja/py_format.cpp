@@ -268,7 +268,7 @@ std::string format_int(int64_t v, const Spec& spec) {
       break;
     case 'c': {
       std::string out;
-      utf8::append(out, static_cast<char32_t>(v));
+      append_utf8(out, static_cast<char32_t>(v));
       return pad(out, spec, '<');
     }
     default:

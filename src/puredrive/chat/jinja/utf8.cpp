@@ -41,24 +41,6 @@ char32_t decode(std::string_view s, size_t& i) {
   return cp;
 }
 
-void append(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 bool is_ascii(std::string_view s) {
   for (char c : s) {
     if (static_cast<unsigned char>(c) >= 0x80) return false;
@@ -85,7 +67,7 @@ std::vector<char32_t> to_code_points(std::string_view s) {
 std::string from_code_points(const char32_t* begin, const char32_t* end) {
   std::string out;
   out.reserve(static_cast<size_t>(end - begin));
-  for (const char32_t* p = begin; p != end; ++p) append(out, *p);
+  for (const char32_t* p = begin; p != end; ++p) append_utf8(out, *p);
   return out;
 }
 
@@ -192,7 +174,7 @@ void append_upper(std::string& out, char32_t cp) {
   } else if (cp == 0xDF) {
     out += "SS";
   } else {
-    append(out, static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(cp))));
+    append_utf8(out, static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(cp))));
   }
 }
 
@@ -200,7 +182,7 @@ void append_lower(std::string& out, char32_t cp) {
   if (cp < 0x80) {
     out.push_back(static_cast<char>(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
   } else {
-    append(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))));
+    append_utf8(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))));
   }
 }
 
@@ -210,7 +192,7 @@ void append_title(std::string& out, char32_t cp) {
   } else if (cp == 0xDF) {
     out += "Ss";
   } else {
-    append(out, static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(cp))));
+    append_utf8(out, static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(cp))));
   }
 }
 

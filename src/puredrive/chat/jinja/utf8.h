@@ -9,12 +9,13 @@
 #include <string_view>
 #include <vector>
 
+#include "puredrive/util/utf8.h"
+
 namespace pd::jinja::utf8 {
 
 // Decodes the code point at s[i] and advances i. Invalid bytes decode as themselves (U+0080..U+00FF)
 // so that no input is ever dropped.
 char32_t decode(std::string_view s, size_t& i);
-void append(std::string& out, char32_t cp);
 
 bool is_ascii(std::string_view s);
 size_t length(std::string_view s);  // code points

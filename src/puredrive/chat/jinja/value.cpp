@@ -422,7 +422,7 @@ void py_repr_string(std::string_view s, std::string& out) {
     } else if (cp < 0x7F) {
       out.push_back(static_cast<char>(cp));
     } else if (utf8::is_printable(cp)) {
-      utf8::append(out, cp);
+      append_utf8(out, cp);
     } else if (cp <= 0xFF) {
       out += fmt::format("\\x{:02x}", static_cast<unsigned>(cp));
     } else if (cp <= 0xFFFF) {

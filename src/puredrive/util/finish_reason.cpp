@@ -1,6 +1,6 @@
-#include "puredrive/server/engine_port.h"
+#include "puredrive/util/finish_reason.h"
 
-namespace pd::server {
+namespace pd {
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
@@ -18,4 +18,4 @@ const char* finish_reason_name(FinishReason reason) {
   return "unknown";
 }
 
-}  // namespace pd::server
+}  // namespace pd
