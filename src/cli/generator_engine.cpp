@@ -1,11 +1,20 @@
-#include "puredrive/server/generator_engine.h"
+#include "cli/generator_engine.h"
 
 #include <algorithm>
 
 #include "puredrive/tokenizer/detokenizer.h"
 
-namespace pd::server {
+namespace pd::cli {
 namespace {
+
+using server::GenerationOutput;
+using server::GenerationRequest;
+using server::GenerationResult;
+using server::GenerationSink;
+using server::GenerationStats;
+using server::SamplingOptions;
+using server::TokenLogprob;
+using PortFinish = server::FinishReason;
 
 SamplingParams to_params(const SamplingOptions& s) {
   SamplingParams p;
@@ -20,24 +29,24 @@ SamplingParams to_params(const SamplingOptions& s) {
   return p;
 }
 
-FinishReason to_port(pd::FinishReason r) {
+PortFinish to_port(FinishReason r) {
   switch (r) {
-    case pd::FinishReason::kStop:
-      return FinishReason::kStop;
-    case pd::FinishReason::kLength:
-      return FinishReason::kLength;
-    case pd::FinishReason::kContextFull:
-      return FinishReason::kContextFull;
-    case pd::FinishReason::kCancelled:
-      return FinishReason::kCancelled;
+    case FinishReason::kStop:
+      return PortFinish::kStop;
+    case FinishReason::kLength:
+      return PortFinish::kLength;
+    case FinishReason::kContextFull:
+      return PortFinish::kContextFull;
+    case FinishReason::kCancelled:
+      return PortFinish::kCancelled;
   }
-  return FinishReason::kError;
+  return PortFinish::kError;
 }
 
 }  // namespace
 
-GeneratorEngine::GeneratorEngine(std::unique_ptr<Generator> generator, Tokenizer tokenizer, EngineInfo info,
-                                 int mtp_draft, GeneratorEngineOptions options)
+GeneratorEngine::GeneratorEngine(std::unique_ptr<Generator> generator, Tokenizer tokenizer,
+                                 server::EngineInfo info, int mtp_draft, GeneratorEngineOptions options)
     : generator_(std::move(generator)),
       tokenizer_(std::move(tokenizer)),
       info_(std::move(info)),
@@ -88,12 +97,12 @@ GenerationResult GeneratorEngine::generate(const GenerationRequest& request, Gen
 
   Expected<DecodeResult> r = generator_->generate(req, on_chunk);
   if (!r) {
-    result.reason = FinishReason::kError;
+    result.reason = PortFinish::kError;
     result.error = r.status().message();
     return result;
   }
   result.reason = to_port(r->reason);
-  if (result.reason != FinishReason::kCancelled) {
+  if (result.reason != PortFinish::kCancelled) {
     // A character left unfinished at the end becomes U+FFFD, as the tokenizer's decode() does.
     std::string tail = detok.finish();
     if (!tail.empty())
@@ -109,4 +118,4 @@ GenerationResult GeneratorEngine::generate(const GenerationRequest& request, Gen
   return result;
 }
 
-}  // namespace pd::server
+}  // namespace pd::cli
