@@ -11,10 +11,12 @@ if(PD_SANITIZE)
   add_link_options(-fsanitize=address,undefined)
 endif()
 
-# pd_library(NAME DIR DEPS...): every *.cpp in DIR except *_test.cpp / *_bench.cpp becomes library NAME;
-# every *_test.cpp becomes part of the test binary NAME_tests, registered with ctest (label "unit").
+# pd_library(NAME DIR DEPS... PRIVATE_DEPS... TEST_DEPS...): every *.cpp in DIR except *_test.cpp /
+# *_bench.cpp becomes library NAME; every *_test.cpp becomes part of the test binary NAME_tests, registered
+# with ctest (label "unit"). DEPS are what the library's headers expose (PUBLIC); PRIVATE_DEPS are used by
+# its sources only (a static library still passes them on to the final link).
 function(pd_library name dir)
-  cmake_parse_arguments(PD "" "" "DEPS;TEST_DEPS" ${ARGN})
+  cmake_parse_arguments(PD "" "" "DEPS;PRIVATE_DEPS;TEST_DEPS" ${ARGN})
   file(GLOB srcs CONFIGURE_DEPENDS ${dir}/*.cpp)
   file(GLOB tests CONFIGURE_DEPENDS ${dir}/*_test.cpp)
   file(GLOB benches CONFIGURE_DEPENDS ${dir}/*_bench.cpp)
@@ -23,7 +25,7 @@ function(pd_library name dir)
     add_library(${name} STATIC ${srcs})
     target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
     target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${PD_WARNINGS}>)
-    target_link_libraries(${name} PUBLIC ${PD_DEPS})
+    target_link_libraries(${name} PUBLIC ${PD_DEPS} PRIVATE ${PD_PRIVATE_DEPS})
   else()
     add_library(${name} INTERFACE)
     target_include_directories(${name} INTERFACE ${PROJECT_SOURCE_DIR}/src)

@@ -6,9 +6,9 @@
 #include <fmt/format.h>
 
 #include "cli/command.h"
-#include "puredrive/checkpoint/inspect_report.h"
-#include "puredrive/checkpoint/loader.h"
 #include "puredrive/checkpoint/safetensors.h"
+#include "puredrive/model/inspect_report.h"
+#include "puredrive/model/loader.h"
 
 namespace pd::cli {
 namespace {

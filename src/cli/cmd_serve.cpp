@@ -2,7 +2,8 @@
 // (GeneratorEngine over decode/'s Generator); HTTP threads parse, queue and stream. SIGINT/SIGTERM stop it.
 //
 // --fake-engine (hidden, TEST ONLY) serves the deterministic fake engine and frontend of
-// src/puredrive/server/fake_*.h instead of a model, so the HTTP layer and its tests run without weights.
+// src/puredrive/server/testing/ instead of a model, so the HTTP layer and its tests run without weights. It
+// exists only in the test binary puredrive_fake_serve, which registers the fakes (cli/fake_serve.h).
 #include <pthread.h>
 #include <signal.h>
 
@@ -17,11 +18,10 @@
 #include <fmt/format.h>
 
 #include "cli/command.h"
+#include "cli/fake_serve.h"
+#include "cli/generator_engine.h"
 #include "puredrive/decode/model_session.h"
 #include "puredrive/server/api_service.h"
-#include "puredrive/server/fake_engine.h"
-#include "puredrive/server/fake_frontend.h"
-#include "puredrive/server/generator_engine.h"
 #include "puredrive/server/http_server.h"
 #include "puredrive/server/metrics.h"
 #include "puredrive/server/model_frontend.h"
@@ -66,15 +66,15 @@ struct Served {
 };
 
 Served load_fake(const ServeArgs& a) {
-  server::fake::FakeEngineOptions o;
-  o.model_id = a.model_alias;
-  o.context_size = a.ctx_size;
-  o.mtp_draft = a.mtp_draft;
-  o.token_delay = std::chrono::milliseconds(a.fake_token_delay_ms);
-  o.prefill_delay = std::chrono::milliseconds(a.fake_prefill_delay_ms);
+  FakeServed fake =
+      fake_serve_factory()({.model_id = a.model_alias,
+                            .context_size = a.ctx_size,
+                            .mtp_draft = a.mtp_draft,
+                            .token_delay = std::chrono::milliseconds(a.fake_token_delay_ms),
+                            .prefill_delay = std::chrono::milliseconds(a.fake_prefill_delay_ms)});
   Served s;
-  s.engine = std::make_unique<server::fake::FakeEngine>(o);
-  s.frontend = server::fake::make_fake_frontend();
+  s.engine = std::move(fake.engine);
+  s.frontend = std::move(fake.frontend);
   return s;
 }
 
@@ -98,16 +98,16 @@ Served load_model(const ServeArgs& a) {
     PD_LOG_WARN("{} has no MTP head: decoding without speculation", a.model);
   }
   const int32_t vocab = m.checkpoint.config.vocab_size;
-  auto prompts = take(server::ModelPromptBuilder::load(a.model, vocab));
+  if (!m.tokenizer) fail(fmt::format("{}: tokenizer.json is missing", a.model));
+  auto prompts = take(server::ModelPromptBuilder::load(a.model, *m.tokenizer, m.defaults.eos_token_ids, vocab));
   s.frontend = server::Frontend{prompts, std::make_shared<server::ModelOutputParser>()};
   server::EngineInfo info{.model_id = a.model_alias,
                           .context_size = a.ctx_size,
                           .vocab_size = vocab,
                           .mtp_draft = m.generator->has_drafter() ? a.mtp_draft : 0,
                           .backend = m.backend->name()};
-  // The prompt builder needs tokenizer.json, so the session has loaded it too: the engine takes that copy.
-  s.engine = std::make_unique<server::GeneratorEngine>(std::move(m.generator), std::move(*m.tokenizer), info,
-                                                       a.mtp_draft);
+  // The prompt builder keeps a copy of the tokenizer; the engine takes the session's.
+  s.engine = std::make_unique<GeneratorEngine>(std::move(m.generator), std::move(*m.tokenizer), info, a.mtp_draft);
   return s;
 }
 
@@ -217,15 +217,32 @@ void setup_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--keepalive-ms", args->keepalive_ms, "SSE keep-alive comment interval in ms")
       ->capture_default_str();
-  // Hidden (empty group): test-only options.
-  cmd->add_flag("--fake-engine", args->fake_engine, "TEST ONLY: deterministic fake engine, no model")
-      ->group("");
-  cmd->add_option("--fake-token-delay-ms", args->fake_token_delay_ms, "TEST ONLY")->group("");
-  cmd->add_option("--fake-prefill-delay-ms", args->fake_prefill_delay_ms, "TEST ONLY")->group("");
+  // Hidden (empty group): test-only options, in the test binary only.
+  if (fake_serve_factory()) {
+    cmd->add_flag("--fake-engine", args->fake_engine, "TEST ONLY: deterministic fake engine, no model")
+        ->group("");
+    cmd->add_option("--fake-token-delay-ms", args->fake_token_delay_ms, "TEST ONLY")->group("");
+    cmd->add_option("--fake-prefill-delay-ms", args->fake_prefill_delay_ms, "TEST ONLY")->group("");
+  }
   cmd->callback([args] { run_serve(*args); });
 }
 
 const bool registered = register_command(setup_serve);
 
+FakeServeFactory& fake_factory() {
+  static FakeServeFactory f;
+  return f;
+}
+
 }  // namespace
+
+bool register_fake_serve(FakeServeFactory factory) {
+  fake_factory() = std::move(factory);
+  return true;
+}
+
+const FakeServeFactory& fake_serve_factory() {
+  return fake_factory();
+}
+
 }  // namespace pd::cli

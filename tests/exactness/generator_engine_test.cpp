@@ -1,4 +1,4 @@
-// The server's engine port over the generator (server/generator_engine.h) on the bundled tiny coder, which
+// The server's engine port over the generator (src/cli/generator_engine.h) on the bundled tiny coder, which
 // has a tokenizer: the tokens equal a plain generator run's, the text equals the tokenizer's decode of them
 // (a final stop token counted but not shown), speculative statistics are reported, and the port's stop,
 // length and cancel rules hold.
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "cli/generator_engine.h"
 #include "golden/fixture_util.h"
 #include "puredrive/decode/generator.h"
-#include "puredrive/server/generator_engine.h"
 #include "puredrive/tokenizer/tokenizer.h"
 
 namespace pd {
@@ -47,7 +47,7 @@ struct EngineFixture : ::testing::Test {
         *fx_->model, {.ctx_size = 256, .kv_dtype = DType::kBF16, .max_draft = 4, .mtp = false});
     ASSERT_TRUE(ref.has_value());
     reference_ = std::move(*ref);
-    engine_ = std::make_unique<server::GeneratorEngine>(
+    engine_ = std::make_unique<cli::GeneratorEngine>(
         std::move(*gen), *tok_,
         server::EngineInfo{
             .model_id = "tiny", .context_size = 256, .vocab_size = 8192, .mtp_draft = 3, .backend = "cpu"},
@@ -80,7 +80,7 @@ struct EngineFixture : ::testing::Test {
   std::unique_ptr<golden::Fixture> fx_;
   std::optional<Tokenizer> tok_;
   std::unique_ptr<Generator> reference_;
-  std::unique_ptr<server::GeneratorEngine> engine_;
+  std::unique_ptr<cli::GeneratorEngine> engine_;
   std::vector<int32_t> prompt_;
 };
 

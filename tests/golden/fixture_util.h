@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "puredrive/backend/backend.h"
-#include "puredrive/checkpoint/loader.h"
 #include "puredrive/checkpoint/safetensors.h"
+#include "puredrive/model/loader.h"
 #include "puredrive/model/model.h"
 #include "puredrive/util/mapped_file.h"
 

@@ -1,6 +1,7 @@
 """Fixtures of the server suite: a real `puredrive serve` process on a free port and an OpenAI client.
 
-PD_BIN is the puredrive binary (run_tests.sh sets it). PD_SERVE_ARGS chooses what is served: by default the
+PD_BIN is the binary to serve with (run_tests.sh sets it): puredrive_fake_serve for the fake engine,
+puredrive for a model. PD_SERVE_ARGS chooses what is served: by default the
 test-only fake engine (`--fake-engine`); later the same suite runs against the tiny coder model with
 PD_SERVE_ARGS="--model models/tiny-coder". Tests that rely on the fake engine's scripted replies are marked
 `fake_only` and skip against a real model.
@@ -21,9 +22,10 @@ import urllib.request
 import openai
 import pytest
 
-BIN = os.environ.get("PD_BIN", "build/default/bin/puredrive")
 SERVE_ARGS = shlex.split(os.environ.get("PD_SERVE_ARGS", "--fake-engine"))
 FAKE = "--fake-engine" in SERVE_ARGS
+# The fake engine is test code: only the test binary puredrive_fake_serve has it.
+BIN = os.environ.get("PD_BIN", "build/default/bin/" + ("puredrive_fake_serve" if FAKE else "puredrive"))
 CTX_SIZE = 2048
 
 fake_only = pytest.mark.skipif(not FAKE, reason="relies on the fake engine's scripted replies")

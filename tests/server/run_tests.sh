@@ -2,7 +2,9 @@
 # ctest entry of the Python server suite: makes the venv, then runs pytest against a real `puredrive serve`
 # that the suite starts itself (conftest.py). Usage: run_tests.sh PUREDRIVE_BIN VENV_DIR [pytest args...]
 # Exit 77 (ctest SKIP) when the venv cannot be created, with a banner that is hard to miss.
-# PD_SERVE_ARGS selects what is served (default: the test-only fake engine), e.g.
+# PD_SERVE_ARGS selects what is served (default: the test-only fake engine, which only the test binary
+# puredrive_fake_serve has), e.g.
+#   tests/server/run_tests.sh build/default/bin/puredrive_fake_serve /tmp/venv
 #   PD_SERVE_ARGS="--model models/tiny-coder" tests/server/run_tests.sh build/default/bin/puredrive /tmp/venv
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

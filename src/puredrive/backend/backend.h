@@ -105,6 +105,19 @@ struct MoeId {
   bool valid() const { return index >= 0; }
 };
 
+// The host-side weights of one MoE block (spec §6), as a backend binds them with bind_moe(): a router,
+// routed experts and one gated shared expert.
+struct MoeWeights {
+  Matrix gate;                    // router [E, H]
+  std::vector<Matrix> gate_proj;  // per expert [I, H]
+  std::vector<Matrix> up_proj;    // per expert [I, H]
+  std::vector<Matrix> down_proj;  // per expert [H, I]
+  Matrix shared_gate_proj;        // [Is, H]
+  Matrix shared_up_proj;          // [Is, H]
+  Matrix shared_down_proj;        // [H, Is]
+  Matrix shared_expert_gate;      // [1, H]
+};
+
 // Routing parameters bound with an MoE block (spec §6).
 struct MoeSpec {
   int num_experts_per_tok = 0;

@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,20 @@ inline uint32_t affine_code(const uint32_t* row, int bits, int64_t j) {
 
 // Packs n codes (each < 2^bits) into affine_packed_cols(n, bits) words.
 void pack_affine_row(const uint32_t* codes, int64_t n, int bits, uint32_t* out);
+
+// MLX affine quantization parameters of one module.
+struct QuantParams {
+  int bits = 0;
+  int group_size = 0;
+};
+
+// config.json "quantization" block: global defaults plus per-module overrides keyed by MLX module path.
+// An override of `false` (kept in float) is recorded with bits == 0.
+struct QuantizationConfig {
+  QuantParams global;
+  std::string mode = "affine";
+  std::map<std::string, QuantParams> overrides;
+};
 
 // A quantized matrix that owns its buffers (tests, `puredrive quantize`, `synth`).
 struct AffineMatrix {

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "puredrive/checkpoint/safetensors_writer.h"
-#include "puredrive/checkpoint/tiny_checkpoint_test_util.h"
+#include "puredrive/checkpoint/temp_dir_test_util.h"
 
 namespace pd {
 namespace {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "puredrive/checkpoint/memory_plan.h"
+#include "puredrive/model/memory_plan.h"
 
 namespace pd {
 

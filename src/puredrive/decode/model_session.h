@@ -9,9 +9,9 @@
 #include <string>
 
 #include "puredrive/backend/backend.h"
-#include "puredrive/checkpoint/loader.h"
 #include "puredrive/decode/generator.h"
 #include "puredrive/decode/model_defaults.h"
+#include "puredrive/model/loader.h"
 #include "puredrive/model/model.h"
 #include "puredrive/tokenizer/tokenizer.h"
 

@@ -1,7 +1,7 @@
 // Model: the step API every caller (generate, the speculative generator, the server) uses. One forward step
 // runs R rows of one sequence through the model on a backend and returns device views of the logits and
 // of the final-norm hidden states (the MTP head's input). Architecture files implement it; create_model()
-// picks one from config.arch (model_types: see supported_model_types() in checkpoint/model_config.h).
+// picks one from config.arch (model_types: see supported_model_types() in model/model_config.h).
 //
 // A step is row-exact (DESIGN.md §4.1): row r of an R-row step is bitwise the result of a one-row step at
 // the same position, so decode, verify and prefill all share one code path.
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "puredrive/backend/backend.h"
-#include "puredrive/checkpoint/model_config.h"
-#include "puredrive/checkpoint/weights.h"
+#include "puredrive/model/model_config.h"
+#include "puredrive/model/model_weights.h"
 #include "puredrive/model/sequence_state.h"
 
 namespace pd {
@@ -75,8 +75,9 @@ class Model {
                                            const ForwardOptions& options = {}) = 0;
 };
 
-// Binds the weights to the backend and builds the model named by config.model_type. The weights (and the
-// mapped files they point into) must outlive the model.
+// Binds the weights to the backend and builds the model named by config.model_type. The weights are bound
+// for this config, with their shapes checked (load_checkpoint() in model/loader.h, or a synthetic model
+// built from the config); they (and the mapped files they point into) must outlive the model.
 Expected<std::unique_ptr<Model>> create_model(const ModelConfig& config, const ModelWeights& weights,
                                               Backend& backend, const ModelOptions& options = {});
 

@@ -22,8 +22,6 @@ struct Dims {
   AttentionDims attn;
   GdnDims gdn;
   MoeSpec moe;
-  int experts = 0;       // E
-  int expert_width = 0;  // I
 };
 
 Expected<Dims> make_dims(const ModelConfig& c) {
@@ -73,8 +71,6 @@ Expected<Dims> make_dims(const ModelConfig& c) {
   // qwen3_5_moe's router renormalises unconditionally; qwen3_next follows norm_topk_prob.
   d.moe = {.num_experts_per_tok = c.num_experts_per_tok,
            .norm_topk_prob = c.arch == Arch::kQwen3_5Moe || c.norm_topk_prob};
-  d.experts = c.num_experts;
-  d.expert_width = c.moe_intermediate_size;
   return d;
 }
 
@@ -101,80 +97,48 @@ struct MtpIds {
   LayerIds layer;
 };
 
-// Binds weights after checking their shapes against the config; errors name the tensor and both shapes.
+// Binds weights to the backend. Their shapes were checked once, against the same config, where they were
+// bound from the checkpoint (model/loader.cpp: errors name the tensor and both shapes), so they are not
+// checked again here.
 class Binder {
  public:
-  Binder(Backend& backend, const ModelConfig& c, const Dims& d) : be_(backend), c_(c), d_(d) {}
+  explicit Binder(Backend& backend) : be_(backend) {}
 
-  Expected<MatrixId> matrix(const Matrix& m, int64_t rows, int64_t cols, const std::string& what) {
-    if (m.empty()) return make_error(ErrorCode::kNotFound, "{}: weight is missing", what);
-    if (m.rows != rows || m.cols != cols) {
-      return make_error(ErrorCode::kInvalidArgument, "{}: expected [{}, {}], found [{}, {}]",
-                        m.name.empty() ? what : m.name, rows, cols, m.rows, m.cols);
-    }
-    return be_.bind_matrix(m);
-  }
-  Expected<VectorId> vector(const std::vector<float>& v, int64_t n, const std::string& what) {
-    if (static_cast<int64_t>(v.size()) != n) {
-      return make_error(ErrorCode::kInvalidArgument, "{}: expected {} values, found {}", what, n, v.size());
-    }
-    return be_.bind_vector(v, what);
+  Expected<MatrixId> matrix(const Matrix& m) { return be_.bind_matrix(m); }
+  Expected<VectorId> vector(const std::vector<float>& v, const std::string& name) {
+    return be_.bind_vector(v, name);
   }
 
-  Expected<LayerIds> layer(const LayerWeights& w, LayerType type, const std::string& p) {
-    const int64_t H = d_.hidden;
+  Expected<LayerIds> layer(const LayerWeights& w, LayerType type, const MoeSpec& moe, const std::string& p) {
     LayerIds ids;
     ids.type = type;
-    PD_ASSIGN_OR_RETURN(ids.input_layernorm, vector(w.input_layernorm, H, p + "input_layernorm"));
+    PD_ASSIGN_OR_RETURN(ids.input_layernorm, vector(w.input_layernorm, p + "input_layernorm"));
     PD_ASSIGN_OR_RETURN(ids.post_attention_layernorm,
-                        vector(w.post_attention_layernorm, H, p + "post_attention_layernorm"));
+                        vector(w.post_attention_layernorm, p + "post_attention_layernorm"));
     if (type == LayerType::kFullAttention) {
-      const AttentionDims& a = d_.attn;
-      const int64_t q = int64_t{a.num_heads} * a.head_dim;
-      const int64_t kv = int64_t{a.num_kv_heads} * a.head_dim;
-      PD_ASSIGN_OR_RETURN(ids.attn.q_proj, matrix(w.attn.q_proj, 2 * q, H, p + "self_attn.q_proj"));
-      PD_ASSIGN_OR_RETURN(ids.attn.k_proj, matrix(w.attn.k_proj, kv, H, p + "self_attn.k_proj"));
-      PD_ASSIGN_OR_RETURN(ids.attn.v_proj, matrix(w.attn.v_proj, kv, H, p + "self_attn.v_proj"));
-      PD_ASSIGN_OR_RETURN(ids.attn.o_proj, matrix(w.attn.o_proj, H, q, p + "self_attn.o_proj"));
-      PD_ASSIGN_OR_RETURN(ids.attn.q_norm, vector(w.attn.q_norm, a.head_dim, p + "self_attn.q_norm"));
-      PD_ASSIGN_OR_RETURN(ids.attn.k_norm, vector(w.attn.k_norm, a.head_dim, p + "self_attn.k_norm"));
+      PD_ASSIGN_OR_RETURN(ids.attn.q_proj, matrix(w.attn.q_proj));
+      PD_ASSIGN_OR_RETURN(ids.attn.k_proj, matrix(w.attn.k_proj));
+      PD_ASSIGN_OR_RETURN(ids.attn.v_proj, matrix(w.attn.v_proj));
+      PD_ASSIGN_OR_RETURN(ids.attn.o_proj, matrix(w.attn.o_proj));
+      PD_ASSIGN_OR_RETURN(ids.attn.q_norm, vector(w.attn.q_norm, p + "self_attn.q_norm"));
+      PD_ASSIGN_OR_RETURN(ids.attn.k_norm, vector(w.attn.k_norm, p + "self_attn.k_norm"));
     } else {
-      const int64_t hv = d_.gdn.num_v_heads;
-      const int64_t vd = c_.value_dim();
-      PD_ASSIGN_OR_RETURN(ids.gdn.in_proj_qkv,
-                          matrix(w.gdn.in_proj_qkv, c_.conv_dim(), H, p + "linear_attn.in_proj_qkv"));
-      PD_ASSIGN_OR_RETURN(ids.gdn.in_proj_z, matrix(w.gdn.in_proj_z, vd, H, p + "linear_attn.in_proj_z"));
-      PD_ASSIGN_OR_RETURN(ids.gdn.in_proj_b, matrix(w.gdn.in_proj_b, hv, H, p + "linear_attn.in_proj_b"));
-      PD_ASSIGN_OR_RETURN(ids.gdn.in_proj_a, matrix(w.gdn.in_proj_a, hv, H, p + "linear_attn.in_proj_a"));
-      PD_ASSIGN_OR_RETURN(ids.gdn.out_proj, matrix(w.gdn.out_proj, H, vd, p + "linear_attn.out_proj"));
-      PD_ASSIGN_OR_RETURN(ids.gdn.conv1d, vector(w.gdn.conv1d, int64_t{c_.conv_dim()} * d_.gdn.conv_kernel,
-                                                 p + "linear_attn.conv1d"));
-      PD_ASSIGN_OR_RETURN(ids.gdn.A_log, vector(w.gdn.A_log, hv, p + "linear_attn.A_log"));
-      PD_ASSIGN_OR_RETURN(ids.gdn.dt_bias, vector(w.gdn.dt_bias, hv, p + "linear_attn.dt_bias"));
-      PD_ASSIGN_OR_RETURN(ids.gdn.norm, vector(w.gdn.norm, d_.gdn.v_head_dim, p + "linear_attn.norm"));
+      PD_ASSIGN_OR_RETURN(ids.gdn.in_proj_qkv, matrix(w.gdn.in_proj_qkv));
+      PD_ASSIGN_OR_RETURN(ids.gdn.in_proj_z, matrix(w.gdn.in_proj_z));
+      PD_ASSIGN_OR_RETURN(ids.gdn.in_proj_b, matrix(w.gdn.in_proj_b));
+      PD_ASSIGN_OR_RETURN(ids.gdn.in_proj_a, matrix(w.gdn.in_proj_a));
+      PD_ASSIGN_OR_RETURN(ids.gdn.out_proj, matrix(w.gdn.out_proj));
+      PD_ASSIGN_OR_RETURN(ids.gdn.conv1d, vector(w.gdn.conv1d, p + "linear_attn.conv1d"));
+      PD_ASSIGN_OR_RETURN(ids.gdn.A_log, vector(w.gdn.A_log, p + "linear_attn.A_log"));
+      PD_ASSIGN_OR_RETURN(ids.gdn.dt_bias, vector(w.gdn.dt_bias, p + "linear_attn.dt_bias"));
+      PD_ASSIGN_OR_RETURN(ids.gdn.norm, vector(w.gdn.norm, p + "linear_attn.norm"));
     }
-    if (static_cast<int>(w.moe.gate_proj.size()) != d_.experts) {
-      return make_error(ErrorCode::kInvalidArgument, "{}mlp.experts: expected {} experts, found {}", p,
-                        d_.experts, w.moe.gate_proj.size());
-    }
-    if (w.moe.gate_proj[0].rows != d_.expert_width) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "{}mlp.experts: expected width {} (moe_intermediate_size), found {}", p,
-                        d_.expert_width, w.moe.gate_proj[0].rows);
-    }
-    if (w.moe.shared_gate_proj.rows != c_.shared_expert_intermediate_size) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "{}mlp.shared_expert: expected width {} (shared_expert_intermediate_size), found {}",
-                        p, c_.shared_expert_intermediate_size, w.moe.shared_gate_proj.rows);
-    }
-    PD_ASSIGN_OR_RETURN(ids.moe, be_.bind_moe(w.moe, d_.moe));
+    PD_ASSIGN_OR_RETURN(ids.moe, be_.bind_moe(w.moe, moe));
     return ids;
   }
 
  private:
   Backend& be_;
-  const ModelConfig& c_;
-  const Dims& d_;
 };
 
 // ================================ Forward ================================
@@ -243,10 +207,10 @@ class Qwen35Moe final : public Model {
 };
 
 Status Qwen35Moe::bind(const ModelWeights& w) {
-  Binder b(be_, config_, d_);
-  PD_ASSIGN_OR_RETURN(embed_tokens_, b.matrix(w.embed_tokens, d_.vocab, d_.hidden, "model.embed_tokens"));
-  PD_ASSIGN_OR_RETURN(lm_head_, b.matrix(w.lm_head, d_.vocab, d_.hidden, "lm_head"));
-  PD_ASSIGN_OR_RETURN(final_norm_, b.vector(w.norm, d_.hidden, "model.norm"));
+  Binder b(be_);
+  PD_ASSIGN_OR_RETURN(embed_tokens_, b.matrix(w.embed_tokens));
+  PD_ASSIGN_OR_RETURN(lm_head_, b.matrix(w.lm_head));
+  PD_ASSIGN_OR_RETURN(final_norm_, b.vector(w.norm, "model.norm"));
   if (static_cast<int>(w.layers.size()) != config_.num_hidden_layers) {
     return make_error(ErrorCode::kInvalidArgument, "weights hold {} layers, config has {}", w.layers.size(),
                       config_.num_hidden_layers);
@@ -254,7 +218,7 @@ Status Qwen35Moe::bind(const ModelWeights& w) {
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     PD_ASSIGN_OR_RETURN(LayerIds ids,
                         b.layer(w.layers[static_cast<size_t>(l)], config_.layer_types[static_cast<size_t>(l)],
-                                fmt::format("model.layers.{}.", l)));
+                                d_.moe, fmt::format("model.layers.{}.", l)));
     layers_.push_back(ids);
   }
   if (w.mtp && !w.mtp->layers.empty()) {
@@ -262,14 +226,14 @@ Status Qwen35Moe::bind(const ModelWeights& w) {
       return make_error(ErrorCode::kUnsupported, "MTP head with {} layers: only one MTP layer is supported",
                         w.mtp->layers.size());
     }
-    const int64_t H = d_.hidden;
-    PD_ASSIGN_OR_RETURN(mtp_.fc, b.matrix(w.mtp->fc, H, 2 * H, "mtp.fc"));
+    PD_ASSIGN_OR_RETURN(mtp_.fc, b.matrix(w.mtp->fc));
     PD_ASSIGN_OR_RETURN(mtp_.pre_fc_norm_embedding,
-                        b.vector(w.mtp->pre_fc_norm_embedding, H, "mtp.pre_fc_norm_embedding"));
+                        b.vector(w.mtp->pre_fc_norm_embedding, "mtp.pre_fc_norm_embedding"));
     PD_ASSIGN_OR_RETURN(mtp_.pre_fc_norm_hidden,
-                        b.vector(w.mtp->pre_fc_norm_hidden, H, "mtp.pre_fc_norm_hidden"));
-    PD_ASSIGN_OR_RETURN(mtp_.norm, b.vector(w.mtp->norm, H, "mtp.norm"));
-    PD_ASSIGN_OR_RETURN(mtp_.layer, b.layer(w.mtp->layers[0], LayerType::kFullAttention, "mtp.layers.0."));
+                        b.vector(w.mtp->pre_fc_norm_hidden, "mtp.pre_fc_norm_hidden"));
+    PD_ASSIGN_OR_RETURN(mtp_.norm, b.vector(w.mtp->norm, "mtp.norm"));
+    PD_ASSIGN_OR_RETURN(mtp_.layer,
+                        b.layer(w.mtp->layers[0], LayerType::kFullAttention, d_.moe, "mtp.layers.0."));
   }
   return Status::ok();
 }

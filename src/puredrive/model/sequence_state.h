@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "puredrive/backend/backend.h"
-#include "puredrive/checkpoint/model_config.h"
+#include "puredrive/model/model_config.h"
 
 namespace pd {
 

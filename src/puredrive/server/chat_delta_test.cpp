@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "puredrive/server/chat_delta.h"
-#include "puredrive/server/fake_frontend.h"
 #include "puredrive/server/openai_format.h"
+#include "puredrive/server/testing/fake_frontend.h"
 
 namespace pd::server {
 namespace {

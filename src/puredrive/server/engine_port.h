@@ -3,8 +3,9 @@
 // cancellation, and calls Engine::generate for one request at a time on that thread. HTTP threads never call
 // the engine: they wait on their request's event queue.
 //
-// Implementations: FakeEngine (fake_engine.h, for tests and `serve --fake-engine`) and, later, an adapter
-// over decode/'s generator. Contract for an implementation:
+// Implementations: FakeEngine (testing/fake_engine.h, for tests and `serve --fake-engine`) and
+// GeneratorEngine, the adapter over decode/'s generator (src/cli/generator_engine.h). Contract for an
+// implementation:
 //  - generate() runs one request to completion on the calling thread and never throws for bad input:
 //    trouble comes back as FinishReason::kError with a message;
 //  - it calls sink.on_output() after every step that produced tokens (an MTP cycle may produce several),

@@ -2,7 +2,7 @@
 // the tokenizer, the chat template and the output parsers are built:
 //  - PromptBuilder renders OpenAI chat messages with the model's chat template and tokenizes them;
 //  - OutputParser splits generated text into reasoning, content and tool calls.
-// Implementations: the fakes in fake_frontend.h (tests, `serve --fake-engine`) and the model's own
+// Implementations: the fakes in testing/fake_frontend.h (tests, `serve --fake-engine`) and the model's own
 // (tokenizer/ + chat/) in model_frontend.h.
 #pragma once
 

@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "puredrive/server/fake_frontend.h"
 #include "puredrive/server/http_server.h"
-#include "puredrive/server/test_engines.h"
+#include "puredrive/server/testing/fake_frontend.h"
+#include "puredrive/server/testing/test_engines.h"
 
 namespace pd::server {
 namespace {

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "puredrive/chat/output_parser.h"
-#include "puredrive/decode/model_defaults.h"
 
 namespace pd::server {
 namespace {
@@ -80,12 +79,12 @@ OJson template_messages(const ChatPrompt& prompt) {
 }
 
 Expected<std::shared_ptr<ModelPromptBuilder>> ModelPromptBuilder::load(const std::string& model_dir,
+                                                                       Tokenizer tokenizer,
+                                                                       std::vector<int32_t> stop_ids,
                                                                        int32_t vocab_limit) {
-  PD_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(model_dir));
   PD_ASSIGN_OR_RETURN(chat::ChatTemplate tmpl, chat::ChatTemplate::load(model_dir));
-  PD_ASSIGN_OR_RETURN(GenerationDefaults defaults, load_generation_defaults(model_dir, &tokenizer));
   std::shared_ptr<ModelPromptBuilder> b(new ModelPromptBuilder(std::move(tokenizer), std::move(tmpl)));
-  b->stop_ids_ = defaults.eos_token_ids;
+  b->stop_ids_ = std::move(stop_ids);
   if (b->stop_ids_.empty()) {
     return make_error(
         ErrorCode::kInvalidArgument,
@@ -148,8 +147,10 @@ std::unique_ptr<TurnParser> ModelOutputParser::start_turn(const ParseOptions& op
   return std::make_unique<ChatTurnParser>(std::move(o), prompt.assistant_prefix);
 }
 
-Expected<Frontend> load_model_frontend(const std::string& model_dir, int32_t vocab_limit) {
-  PD_ASSIGN_OR_RETURN(auto prompts, ModelPromptBuilder::load(model_dir, vocab_limit));
+Expected<Frontend> load_model_frontend(const std::string& model_dir, Tokenizer tokenizer,
+                                       std::vector<int32_t> stop_ids, int32_t vocab_limit) {
+  PD_ASSIGN_OR_RETURN(auto prompts, ModelPromptBuilder::load(model_dir, std::move(tokenizer),
+                                                             std::move(stop_ids), vocab_limit));
   return Frontend{std::move(prompts), std::make_shared<ModelOutputParser>()};
 }
 

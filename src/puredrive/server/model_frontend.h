@@ -1,5 +1,6 @@
 // The model's own frontend: tokenizer/ (tokenizer.json), chat/ (the model's Jinja chat template, the Qwen
-// reasoning / tool-call output parser) and decode/model_defaults.h (end-of-sequence ids).
+// reasoning / tool-call output parser) and the end-of-sequence ids the caller read (the CLI uses
+// decode/model_defaults.h; the server library does not depend on decode/).
 //
 // Forced tool choice (tool_choice "required" or a named function): the rendered prompt gets the opening of
 // a tool call appended, in the markup the template itself uses for assistant tool calls:
@@ -26,8 +27,11 @@ enum class ToolMarkup { kNone, kXml, kJson };
 
 class ModelPromptBuilder final : public PromptBuilder {
  public:
-  // vocab_limit: the model's vocabulary size (ids a request may name are below min(it, tokenizer's)).
-  static Expected<std::shared_ptr<ModelPromptBuilder>> load(const std::string& model_dir,
+  // The chat template comes from model_dir. stop_ids: the model's end-of-sequence ids; an empty list is
+  // refused (generation could not stop). vocab_limit: the model's vocabulary size (ids a request may name
+  // are below min(it, tokenizer's)).
+  static Expected<std::shared_ptr<ModelPromptBuilder>> load(const std::string& model_dir, Tokenizer tokenizer,
+                                                            std::vector<int32_t> stop_ids,
                                                             int32_t vocab_limit);
 
   Expected<PromptTokens> render_chat(const ChatPrompt& prompt) const override;
@@ -59,6 +63,7 @@ class ModelOutputParser final : public OutputParser {
 // The OpenAI messages of a chat prompt as the chat template expects them (tool-call arguments as objects).
 nlohmann::ordered_json template_messages(const ChatPrompt& prompt);
 
-Expected<Frontend> load_model_frontend(const std::string& model_dir, int32_t vocab_limit);
+Expected<Frontend> load_model_frontend(const std::string& model_dir, Tokenizer tokenizer,
+                                       std::vector<int32_t> stop_ids, int32_t vocab_limit);
 
 }  // namespace pd::server

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -55,13 +56,21 @@ bool have_data() {
 #define REQUIRE_DATA() \
   if (!have_data()) GTEST_SKIP() << "\n*** SKIPPED: " << kShared << " not found (test data) ***\n"
 
+// The builder over the directory's own tokenizer, stopping at <|im_end|> (the Qwen3 eos_token).
+Expected<std::shared_ptr<ModelPromptBuilder>> load_builder(const std::string& dir, int32_t vocab_limit) {
+  PD_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(dir));
+  const std::optional<int32_t> im_end = tokenizer.token_to_id("<|im_end|>");
+  if (!im_end) return make_error(ErrorCode::kNotFound, "{}: no <|im_end|> token", dir);
+  return ModelPromptBuilder::load(dir, std::move(tokenizer), {*im_end}, vocab_limit);
+}
+
 RequestLimits limits() {
   return RequestLimits{.model_names = {"m"}, .vocab_size = 151669};
 }
 
 void compare_with_reference(const std::string& template_file) {
   ModelDir dir(template_file);
-  auto builder = ModelPromptBuilder::load(dir.path(), 0);
+  auto builder = load_builder(dir.path(), 0);
   ASSERT_TRUE(builder.has_value()) << builder.status().message();
   // Ordered, like a client's request body: tool schemas keep their key order into the template.
   using ojson = nlohmann::ordered_json;
@@ -135,7 +144,7 @@ TEST(ModelPromptBuilder, ForcedToolChoiceOpensTheCallInTheTemplatesMarkup) {
   REQUIRE_DATA();
   {
     ModelDir dir("Qwen3.5-4B.jinja");
-    auto b = ModelPromptBuilder::load(dir.path(), 0);
+    auto b = load_builder(dir.path(), 0);
     ASSERT_TRUE(b.has_value()) << b.status().message();
     EXPECT_EQ((*b)->tool_markup(), ToolMarkup::kXml);
     auto named = (*b)->render_chat(
@@ -159,7 +168,7 @@ TEST(ModelPromptBuilder, ForcedToolChoiceOpensTheCallInTheTemplatesMarkup) {
   }
   {
     ModelDir dir("Qwen-Qwen3-0.6B.jinja");
-    auto b = ModelPromptBuilder::load(dir.path(), 0);
+    auto b = load_builder(dir.path(), 0);
     ASSERT_TRUE(b.has_value());
     EXPECT_EQ((*b)->tool_markup(), ToolMarkup::kJson);
     auto named = (*b)->render_chat(
@@ -173,18 +182,24 @@ TEST(ModelPromptBuilder, ForcedToolChoiceOpensTheCallInTheTemplatesMarkup) {
 TEST(ModelPromptBuilder, StopIdsAndCompletionTokens) {
   REQUIRE_DATA();
   ModelDir dir("Qwen3.5-4B.jinja");
-  auto b = ModelPromptBuilder::load(dir.path(), 0);
+  auto b = load_builder(dir.path(), 0);
   ASSERT_TRUE(b.has_value());
   const auto im_end = (*b)->tokenizer().token_to_id("<|im_end|>");
   ASSERT_TRUE(im_end.has_value());
-  const auto stops = (*b)->stop_token_ids();
-  EXPECT_NE(std::find(stops.begin(), stops.end(), *im_end), stops.end());
+  EXPECT_EQ((*b)->stop_token_ids(), std::vector<int32_t>{*im_end});
   auto t = (*b)->tokenize("def f():<|im_end|>");
   ASSERT_TRUE(t.has_value());
   EXPECT_EQ(t->ids.back(), *im_end);  // special tokens in completion prompts are recognised
   EXPECT_EQ((*b)->detokenize(t->ids), "def f():<|im_end|>");
-  auto capped = ModelPromptBuilder::load(dir.path(), 1000);
+  auto capped = load_builder(dir.path(), 1000);
   EXPECT_EQ((*capped)->vocab_size(), 1000);
+  // Without an end-of-sequence id generation could not stop: refused, naming the directory.
+  auto tokenizer = Tokenizer::load(dir.path());
+  ASSERT_TRUE(tokenizer.has_value());
+  auto no_stop = ModelPromptBuilder::load(dir.path(), std::move(*tokenizer), {}, 0);
+  ASSERT_FALSE(no_stop.has_value());
+  EXPECT_NE(no_stop.status().message().find(dir.path() + ": no end-of-sequence token"), std::string::npos)
+      << no_stop.status().message();
 }
 
 TEST(ModelOutputParser, ForcedCallPrefixAndStreamingParse) {

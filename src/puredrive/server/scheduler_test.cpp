@@ -3,7 +3,7 @@
 
 #include "puredrive/server/scheduler.h"
 #include "puredrive/server/stop_matcher.h"
-#include "puredrive/server/test_engines.h"
+#include "puredrive/server/testing/test_engines.h"
 
 namespace pd::server {
 namespace {

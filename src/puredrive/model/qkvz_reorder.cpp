@@ -1,4 +1,4 @@
-#include "puredrive/checkpoint/qkvz_reorder.h"
+#include "puredrive/model/qkvz_reorder.h"
 
 #include <cstring>
 

@@ -1,4 +1,6 @@
-// Checkpoint loader: config.json + safetensors -> ModelWeights in canonical engine order.
+// Checkpoint loader: config.json + safetensors -> ModelWeights in canonical engine order. This file knows the
+// qwen3_5_moe / qwen3_next tensors and their shapes; finding, shape-checking and binding a tensor (float or
+// MLX affine) is checkpoint/tensor_binder.h.
 //
 // Accepted layouts (spec/qwen3_5_moe.md §2, §9): prefixes `model.*`, `model.language_model.*`,
 // `language_model.model.*` (+ `language_model.lm_head`), MTP under `mtp.*`, `model.language_model.mtp.*` or
@@ -17,11 +19,12 @@
 #include <string>
 #include <vector>
 
-#include "puredrive/checkpoint/model_config.h"
-#include "puredrive/checkpoint/qkvz_reorder.h"
 #include "puredrive/checkpoint/safetensors.h"
+#include "puredrive/checkpoint/tensor_binder.h"
 #include "puredrive/checkpoint/tensor_names.h"
-#include "puredrive/checkpoint/weights.h"
+#include "puredrive/model/model_config.h"
+#include "puredrive/model/model_weights.h"
+#include "puredrive/model/qkvz_reorder.h"
 #include "puredrive/util/status.h"
 
 namespace pd {
@@ -32,16 +35,6 @@ struct LoadOptions {
   bool load_mtp = true;          // false: mtp.* tensors are skipped (and not reported as unused)
   bool error_on_unused = false;  // unused tensors are an error instead of a warning
   NormLayout norm_layout = NormLayout::kDetect;
-};
-
-// One stored tensor as inspect shows it.
-struct TensorListing {
-  std::string name;  // as stored
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  uint64_t nbytes = 0;
-  std::string format;  // e.g. "bf16", "affine q4 g64", "affine q4 g64 scales", "norm (+1 folded)", "unused"
-  std::string file;
 };
 
 struct Checkpoint {

@@ -1,12 +1,12 @@
-#include "puredrive/checkpoint/memory_plan.h"
+#include "puredrive/model/memory_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "puredrive/checkpoint/inspect_report.h"
-#include "puredrive/checkpoint/loader.h"
-#include "puredrive/checkpoint/tiny_checkpoint_test_util.h"
+#include "puredrive/model/inspect_report.h"
+#include "puredrive/model/loader.h"
+#include "puredrive/model/tiny_checkpoint_test_util.h"
 
 namespace pd {
 namespace {

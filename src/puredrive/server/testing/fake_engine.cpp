@@ -1,4 +1,4 @@
-#include "puredrive/server/fake_engine.h"
+#include "puredrive/server/testing/fake_engine.h"
 
 #include <algorithm>
 #include <random>
@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "puredrive/server/fake_frontend.h"
+#include "puredrive/server/testing/fake_frontend.h"
 
 namespace pd::server::fake {
 namespace {

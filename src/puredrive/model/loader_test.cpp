@@ -1,8 +1,8 @@
-#include "puredrive/checkpoint/loader.h"
+#include "puredrive/model/loader.h"
 
 #include <gtest/gtest.h>
 
-#include "puredrive/checkpoint/tiny_checkpoint_test_util.h"
+#include "puredrive/model/tiny_checkpoint_test_util.h"
 
 namespace pd {
 namespace {

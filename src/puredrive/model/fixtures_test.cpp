@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "puredrive/checkpoint/loader.h"
 #include "puredrive/checkpoint/safetensors.h"
+#include "puredrive/model/loader.h"
 #include "puredrive/util/mapped_file.h"
 
 namespace pd {

@@ -2,7 +2,7 @@
 // text_config; qwen3_5_moe_text and qwen3_next are flat. RoPE parameters are either flat or in
 // rope_parameters (transformers >= 5 writes the latter). Optional fields take the transformers config-class
 // defaults; the structural sizes are required, because a silently defaulted size loads the wrong model.
-#include "puredrive/checkpoint/model_config.h"
+#include "puredrive/model/model_config.h"
 
 #include <cmath>
 #include <filesystem>

@@ -7,26 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "puredrive/checkpoint/affine.h"
 #include "puredrive/util/status.h"
 
 namespace pd {
 
 enum class Arch { kQwen3_5Moe, kQwen3Next };
 enum class LayerType { kLinearAttention, kFullAttention };
-
-// MLX affine quantization parameters of one module.
-struct QuantParams {
-  int bits = 0;
-  int group_size = 0;
-};
-
-// config.json "quantization" block: global defaults plus per-module overrides keyed by MLX module path.
-// An override of `false` (kept in float) is recorded with bits == 0.
-struct QuantizationConfig {
-  QuantParams global;
-  std::string mode = "affine";
-  std::map<std::string, QuantParams> overrides;
-};
 
 struct ModelConfig {
   std::string model_type;  // as written at the top level of config.json
@@ -76,7 +63,7 @@ struct ModelConfig {
   std::vector<LayerType> layer_types;  // one per decoder layer
   int full_attention_interval = 0;     // as written; 0 when absent (layer_types given)
 
-  std::optional<QuantizationConfig> quantization;
+  std::optional<QuantizationConfig> quantization;  // checkpoint/affine.h
 
   // Derived sizes.
   int key_dim() const { return linear_num_key_heads * linear_key_head_dim; }

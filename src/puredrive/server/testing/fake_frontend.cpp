@@ -1,4 +1,4 @@
-#include "puredrive/server/fake_frontend.h"
+#include "puredrive/server/testing/fake_frontend.h"
 
 #include <array>
 

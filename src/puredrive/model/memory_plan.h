@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "puredrive/checkpoint/model_config.h"
-#include "puredrive/checkpoint/weights.h"
+#include "puredrive/model/model_config.h"
+#include "puredrive/model/model_weights.h"
 #include "puredrive/util/status.h"
 
 namespace pd {

@@ -1,4 +1,4 @@
-#include "puredrive/checkpoint/model_config.h"
+#include "puredrive/model/model_config.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "puredrive/checkpoint/memory_plan.h"
+#include "puredrive/model/memory_plan.h"
 
 #include <cmath>
 #include <fstream>
@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "puredrive/checkpoint/affine.h"
-#include "puredrive/checkpoint/loader.h"
+#include "puredrive/model/loader.h"
 
 namespace pd {
 namespace {

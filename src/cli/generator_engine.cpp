@@ -1,11 +1,19 @@
-#include "puredrive/server/generator_engine.h"
+#include "cli/generator_engine.h"
 
 #include <algorithm>
 
 #include "puredrive/tokenizer/detokenizer.h"
 
-namespace pd::server {
+namespace pd::cli {
 namespace {
+
+using server::GenerationOutput;
+using server::GenerationRequest;
+using server::GenerationResult;
+using server::GenerationSink;
+using server::GenerationStats;
+using server::SamplingOptions;
+using server::TokenLogprob;
 
 SamplingParams to_params(const SamplingOptions& s) {
   SamplingParams p;
@@ -22,8 +30,8 @@ SamplingParams to_params(const SamplingOptions& s) {
 
 }  // namespace
 
-GeneratorEngine::GeneratorEngine(std::unique_ptr<Generator> generator, Tokenizer tokenizer, EngineInfo info,
-                                 int mtp_draft, GeneratorEngineOptions options)
+GeneratorEngine::GeneratorEngine(std::unique_ptr<Generator> generator, Tokenizer tokenizer,
+                                 server::EngineInfo info, int mtp_draft, GeneratorEngineOptions options)
     : generator_(std::move(generator)),
       tokenizer_(std::move(tokenizer)),
       info_(std::move(info)),
@@ -95,4 +103,4 @@ GenerationResult GeneratorEngine::generate(const GenerationRequest& request, Gen
   return result;
 }
 
-}  // namespace pd::server
+}  // namespace pd::cli

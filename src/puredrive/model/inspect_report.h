@@ -8,9 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "puredrive/checkpoint/loader.h"
-#include "puredrive/checkpoint/memory_plan.h"
-#include "puredrive/checkpoint/model_config.h"
+#include "puredrive/model/loader.h"
+#include "puredrive/model/memory_plan.h"
+#include "puredrive/model/model_config.h"
 
 namespace pd {
 

@@ -1,4 +1,4 @@
-#include "puredrive/checkpoint/inspect_report.h"
+#include "puredrive/model/inspect_report.h"
 
 #include <map>
 
