@@ -1,7 +1,7 @@
 // The bound weights of a model, in engine order and canonical names, pointing into the memory-mapped
 // checkpoint. Matrices stay in their stored format (f32/f16/bf16 or MLX affine); small vectors (norms,
 // conv taps, gates' biases) are converted to f32 at load, with the zero-centred "+1" already folded in
-// for HF-layout checkpoints (spec/qwen3_5_moe.md §3).
+// for HF-layout checkpoints (docs/spec/qwen3_5_moe.md §3).
 #pragma once
 
 #include <cstdint>
