@@ -1,4 +1,4 @@
-// puredrive bench: the benchmark protocol of DESIGN.md §7 for a synthetic model (random weights, real
+// puredrive bench: the benchmark protocol of docs/DESIGN.md §7 for a synthetic model (random weights, real
 // shapes): per context, fill the KV cache and GDN states by a real prefill, then decode greedily
 // (non-speculative) and report tok/s beside the floor (bytes per decode step / device-to-device copy
 // bandwidth measured in the same run), and the time of an R-row verify step relative to a one-row step. JSON
@@ -469,7 +469,7 @@ void run_bench(const BenchArgs& a) {
 
 void setup_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  auto* cmd = app.add_subcommand("bench", "Decode benchmark (DESIGN.md §7) on a synthetic model");
+  auto* cmd = app.add_subcommand("bench", "Decode benchmark (docs/DESIGN.md §7) on a synthetic model");
   cmd->add_option("--synth", args->synth, "Synthetic architecture")->check(CLI::IsMember(synth_archs()));
   cmd->add_option("--model", args->model, "Model directory (not implemented yet)");
   cmd->add_option("--quant", args->quant, "Weight format of the synthetic model")

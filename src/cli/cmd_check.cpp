@@ -1,5 +1,5 @@
-// puredrive check: the exactness gates of DESIGN.md §4 / spec/speculative.md §3 on a given model and backend,
-// printed as a pass/fail table; exit status 1 when any gate fails.
+// puredrive check: the exactness gates of docs/DESIGN.md §4 / docs/spec/speculative.md §3 on a given model
+// and backend, printed as a pass/fail table; exit status 1 when any gate fails.
 //   row exactness    every row of an R-row step == the one-row step (logits, hidden), also after a rewind
 //   greedy identity  MTP on == off over the built-in prompts, K = 1..4, drafted by the MTP head, an oracle
 //                    (all accepted + bonus) and a random-prefix drafter (rollback at every offset)

@@ -27,7 +27,7 @@ struct ArchShape {
   int k_heads, v_heads, k_dim, v_dim, experts, top_k, inter, shared_inter, mtp_layers, group;
 };
 
-// spec/qwen3_5_moe.md §1.2; "tiny" matches the golden fixtures' sizes.
+// docs/spec/qwen3_5_moe.md §1.2; "tiny" matches the golden fixtures' sizes.
 Expected<ArchShape> arch_shape(const std::string& arch) {
   if (arch == "qwen3.5-35b-a3b") {
     return ArchShape{2048, 40, 248320, 16, 2, 256, 0.25, 1e7, 16, 32, 128, 128, 256, 8, 512, 512, 1, 64};

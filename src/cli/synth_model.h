@@ -1,6 +1,6 @@
 // Synthetic models for `puredrive synth` and `puredrive bench --synth`: the real shapes of a published
-// architecture with random weights (speed only; DESIGN.md §7). For the CUDA backend the matrices carry no
-// host data: they point at registered SynthSources and the backend generates them in device memory
+// architecture with random weights (speed only; docs/DESIGN.md §7). For the CUDA backend the matrices carry
+// no host data: they point at registered SynthSources and the backend generates them in device memory
 // (backend/cuda/synth_source.h). For the CPU backend they are materialised in host memory with the same
 // generator, so both backends see the same weights.
 #pragma once

@@ -255,9 +255,9 @@ TEST_P(CudaFixture, RowExactWithRollback) {
   }
 }
 
-// Prefill steps wider than kMaxRows use the tiled kernels (DESIGN §4 point 1: prefill may use other kernels):
-// not bitwise, but within tolerance of one-row decode steps, with the same argmax wherever the one-row
-// logits have a clear winner, and the same greedy continuation on float32 fixtures.
+// Prefill steps wider than kMaxRows use the tiled kernels (docs/DESIGN.md §4.1: prefill may use other
+// kernels): not bitwise, but within tolerance of one-row decode steps, with the same argmax wherever the
+// one-row logits have a clear winner, and the same greedy continuation on float32 fixtures.
 TEST_P(CudaFixture, WidePrefillMatchesOneRowSteps) {
   std::string skip;
   std::unique_ptr<Pair> p = open_pair(GetParam(), 80, &skip);

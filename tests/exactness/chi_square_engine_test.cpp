@@ -1,6 +1,6 @@
-// Distribution exactness of speculative sampling through the real engine (spec/speculative.md §3), on the
-// small-vocabulary fixture (V = 48): the first two tokens that the generator emits with MTP cycles (k = 2,
-// the real MTP head drafting at its own temperature, so q != p; each sample a fresh run from the prompt)
+// Distribution exactness of speculative sampling through the real engine (docs/spec/speculative.md §3), on
+// the small-vocabulary fixture (V = 48): the first two tokens that the generator emits with MTP cycles (k =
+// 2, the real MTP head drafting at its own temperature, so q != p; each sample a fresh run from the prompt)
 // follow the target's exact two-token law,
 // enumerated from plain forward passes. Token-wise and block verification must pass (p > 0.001); the same
 // harness must reject deliberately wrong rules (p < 1e-6), which shows it has the power to see a mistake.

@@ -1,4 +1,4 @@
-// Row-exactness and rollback (DESIGN.md §4.1-4.2) on every fixture model, CPU backend:
+// Row-exactness and rollback (docs/DESIGN.md §4.1-4.2) on every fixture model, CPU backend:
 // - every row of an R-row step (R = 2..8) equals the one-row step bitwise: logits, final hidden, KV entries,
 //   GDN conv and recurrent states;
 // - after an R-row step, rewinding to row j (GDN snapshot + KV truncation) and continuing equals a run that

@@ -1,6 +1,6 @@
-// Greedy identity through the real generator (spec/speculative.md §3, DESIGN.md §4.3), on every fixture:
-// the tokens of MTP cycles equal the tokens of plain decoding, for prompts of 1, 7 and 110 tokens, K = 1..4,
-// 256 tokens each, with
+// Greedy identity through the real generator (docs/spec/speculative.md §3, docs/DESIGN.md §4.3), on every
+// fixture: the tokens of MTP cycles equal the tokens of plain decoding, for prompts of 1, 7 and 110 tokens, K
+// = 1..4, 256 tokens each, with
 //   - the real MTP head (random weights: mostly rejections);
 //   - an oracle drafter that proposes the plain run's own future tokens: every cycle must accept all K and
 //     add the bonus token;

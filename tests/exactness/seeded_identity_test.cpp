@@ -1,4 +1,4 @@
-// Seeded identity and rollback through the real generator, on every fixture (spec/speculative.md §2-3):
+// Seeded identity and rollback through the real generator, on every fixture (docs/spec/speculative.md §2-3):
 //   - seeded exact mode at T = 0.7 and 1.0 with top-p 0.9, seeds 1, 2, 3: the tokens of MTP cycles (the
 //     MTP head drafting at the target's temperature or a colder one, and a random-prefix drafter, K = 1..4
 //     spread over the six pairs) equal the plain seeded sampler's, 256 tokens each;

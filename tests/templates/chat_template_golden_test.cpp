@@ -1,4 +1,4 @@
-// Every chat template of /work/shared/data/templates rendered for every conversation of
+// Every chat template of tests/data/templates rendered for every conversation of
 // tests/templates/conversations.json must be byte-identical to transformers' apply_chat_template (or fail
 // where it raised). Expected outputs: tests/templates/expected/*.json
 // (tools/reference/templates/make_reference.py).
@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
 const fs::path kRefDir = fs::path(PD_SOURCE_DIR) / "tests" / "templates";
-const fs::path kTemplateDir = fs::path(PD_SOURCE_DIR) / ".." / "shared" / "data" / "templates";
+const fs::path kTemplateDir = fs::path(PD_SOURCE_DIR) / "tests" / "data" / "templates";
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -53,10 +53,7 @@ class ChatTemplateGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(ChatTemplateGolden, MatchesTransformers) {
   const ojson expected = ojson::parse(read_file(kRefDir / "expected" / GetParam()));
   const fs::path template_path = kTemplateDir / expected.at("template_file").get<std::string>();
-  if (!fs::exists(template_path)) {
-    GTEST_SKIP() << "\n*** SKIPPED: chat template " << template_path
-                 << " not found (test data lives in ../shared/data/templates) ***\n";
-  }
+  ASSERT_TRUE(fs::exists(template_path)) << "chat template " << template_path << " not found";
   const std::string source = read_file(template_path);
   ASSERT_EQ(fnv1a64(source), expected.at("template_fnv1a64").get<std::string>())
       << template_path << " differs from the file the reference was generated from; rerun make_reference.py";
@@ -107,9 +104,26 @@ INSTANTIATE_TEST_SUITE_P(AllTemplates, ChatTemplateGolden, ::testing::ValuesIn(r
                            return n;
                          });
 
+// The committed templates and the reference files correspond one to one, so no template goes untested.
+TEST(ChatTemplateGoldenData, EveryTemplateHasAReference) {
+  std::vector<std::string> templates;
+  for (const auto& entry : fs::directory_iterator(kTemplateDir)) {
+    if (entry.path().extension() == ".jinja") templates.push_back(entry.path().filename().string());
+  }
+  std::sort(templates.begin(), templates.end());
+  std::vector<std::string> referenced;
+  for (const auto& name : reference_files()) {
+    referenced.push_back(
+        ojson::parse(read_file(kRefDir / "expected" / name)).at("template_file").get<std::string>());
+  }
+  std::sort(referenced.begin(), referenced.end());
+  EXPECT_EQ(templates.size(), 9u);
+  EXPECT_EQ(templates, referenced);
+}
+
 TEST(ChatTemplatePerformance, TypicalChatRendersFast) {
   const fs::path path = kTemplateDir / "Qwen3.5-4B.jinja";
-  if (!fs::exists(path)) GTEST_SKIP() << "\n*** SKIPPED: " << path << " not found ***\n";
+  ASSERT_TRUE(fs::exists(path)) << path << " not found";
   auto tmpl = ChatTemplate::from_source(read_file(path), ojson{{"eos_token", "<|im_end|>"}});
   ASSERT_TRUE(tmpl.has_value()) << tmpl.status().message();
   const ojson conversations = ojson::parse(read_file(kRefDir / "conversations.json")).at("conversations");

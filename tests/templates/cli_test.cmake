@@ -1,7 +1,8 @@
 # Runs `puredrive template` on each case of tests/templates/cli/cases.json and compares its stdout byte for
-# byte with transformers' tokenizer.apply_chat_template output (make_reference.py). The model directory is
-# test data outside the repository; without it the test reports SKIPPED (ctest SKIP_REGULAR_EXPRESSION).
-# Usage: cmake -DPUREDRIVE=<binary> -DSOURCE_DIR=<repo root> -P cli_test.cmake
+# byte with transformers' tokenizer.apply_chat_template output (make_reference.py). A case's model_dir is
+# relative to DATA_DIR, the build's test-data directory (tests/data/CMakeLists.txt unpacks it); a missing one
+# fails the test.
+# Usage: cmake -DPUREDRIVE=<binary> -DSOURCE_DIR=<repo root> -DDATA_DIR=<test data> -P cli_test.cmake
 file(READ "${SOURCE_DIR}/tests/templates/cli/cases.json" manifest)
 string(JSON count LENGTH "${manifest}" cases)
 math(EXPR last "${count} - 1")
@@ -13,11 +14,10 @@ foreach(i RANGE ${last})
   string(JSON add_gen GET "${manifest}" cases ${i} add_generation_prompt)
   string(JSON kwargs GET "${manifest}" cases ${i} kwargs)
   string(JSON expected_file GET "${manifest}" cases ${i} expected)
-  if(NOT EXISTS "${SOURCE_DIR}/${model_dir}/tokenizer_config.json")
-    message(STATUS "*** SKIPPED: ${SOURCE_DIR}/${model_dir} not found (test data lives in ../shared/data) ***")
-    return()
+  if(NOT EXISTS "${DATA_DIR}/${model_dir}/tokenizer.json")
+    message(FATAL_ERROR "case ${name}: ${DATA_DIR}/${model_dir}/tokenizer.json missing (rerun cmake)")
   endif()
-  set(args template --model "${SOURCE_DIR}/${model_dir}" --messages "${SOURCE_DIR}/${messages}" --kwargs "${kwargs}")
+  set(args template --model "${DATA_DIR}/${model_dir}" --messages "${SOURCE_DIR}/${messages}" --kwargs "${kwargs}")
   if(tools)
     list(APPEND args --tools "${SOURCE_DIR}/${tools}")
   endif()

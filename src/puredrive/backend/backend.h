@@ -1,7 +1,7 @@
 // Backend: the op interface that architecture code (model/) calls. A backend owns device memory, the bound
 // weights and every op kernel; model code only names ops and never branches on the device.
 //
-// Contracts every backend keeps (DESIGN.md §4):
+// Contracts every backend keeps (docs/DESIGN.md §4):
 // - Row-exact: an op over R rows produces, for each row, bitwise the result of R one-row calls. Every
 //   reduction runs in an order that depends only on the row's own data and position, never on R, on the
 //   thread count or on other rows (no R-dependent split-K, tiling or kernel choice).
@@ -10,9 +10,9 @@
 // - Activations are f32. Weights stay in their stored format (f32/f16/bf16/MLX affine) and are dequantised on
 //   the fly with f32 accumulation. KV caches are bf16 or f32; GDN states are f32.
 //
-// Shape letters (STYLE.md §32): R rows of this step, H hidden, V vocab, Hq/Hkv attention heads, D head dim,
-// Hk/Hv GDN key/value heads, Dk/Dv GDN head dims, C conv channels (2*Hk*Dk + Hv*Dv), Kc conv kernel,
-// E experts, I expert width, T context capacity.
+// Shape letters, one glossary for the whole project: R rows of this step, H hidden, V vocab, Hq/Hkv attention
+// heads, D head dim, Hk/Hv GDN key/value heads, Dk/Dv GDN head dims, C conv channels (2*Hk*Dk + Hv*Dv), Kc
+// conv kernel, E experts, I expert width, T context capacity.
 #pragma once
 
 #include <cstdint>

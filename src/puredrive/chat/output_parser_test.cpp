@@ -294,7 +294,7 @@ TEST(OutputParser, PromptOpensReasoning) {
 // ---- round trips through the real templates ----
 
 std::string read_template(const std::string& file) {
-  const auto path = std::filesystem::path(PD_SOURCE_DIR) / ".." / "shared" / "data" / "templates" / file;
+  const auto path = std::filesystem::path(PD_SOURCE_DIR) / "tests" / "data" / "templates" / file;
   std::ifstream in(path);
   if (!in.good()) return "";
   std::stringstream ss;
@@ -336,8 +336,7 @@ void expect_round_trip(const ParsedMessage& m) {
 
 TEST(OutputParserRoundTrip, Qwen35XmlTemplate) {
   const std::string source = read_template("Qwen3.5-4B.jinja");
-  if (source.empty())
-    GTEST_SKIP() << "\n*** SKIPPED: ../shared/data/templates/Qwen3.5-4B.jinja not found ***\n";
+  ASSERT_FALSE(source.empty()) << "tests/data/templates/Qwen3.5-4B.jinja is missing or empty";
   auto tmpl = ChatTemplate::from_source(source);
   ASSERT_TRUE(tmpl.has_value()) << tmpl.status().message();
   ChatInputs in;
@@ -357,8 +356,7 @@ TEST(OutputParserRoundTrip, Qwen35XmlTemplate) {
 
 TEST(OutputParserRoundTrip, Qwen3CoderXmlTemplate) {
   const std::string source = read_template("Qwen3-Coder.jinja");
-  if (source.empty())
-    GTEST_SKIP() << "\n*** SKIPPED: ../shared/data/templates/Qwen3-Coder.jinja not found ***\n";
+  ASSERT_FALSE(source.empty()) << "tests/data/templates/Qwen3-Coder.jinja is missing or empty";
   auto tmpl = ChatTemplate::from_source(source);
   ASSERT_TRUE(tmpl.has_value()) << tmpl.status().message();
   ChatInputs in;
@@ -373,8 +371,7 @@ TEST(OutputParserRoundTrip, Qwen3CoderXmlTemplate) {
 
 TEST(OutputParserRoundTrip, Qwen3JsonTemplate) {
   const std::string source = read_template("Qwen-Qwen3-0.6B.jinja");
-  if (source.empty())
-    GTEST_SKIP() << "\n*** SKIPPED: ../shared/data/templates/Qwen-Qwen3-0.6B.jinja not found ***\n";
+  ASSERT_FALSE(source.empty()) << "tests/data/templates/Qwen-Qwen3-0.6B.jinja is missing or empty";
   auto tmpl = ChatTemplate::from_source(source);
   ASSERT_TRUE(tmpl.has_value()) << tmpl.status().message();
   ChatInputs in;

@@ -1,5 +1,5 @@
-// MLX affine quantization (spec/qwen3_5_moe.md §9.2): per row, groups of group_size consecutive input columns
-// share a scale s and a bias b, w = s * q + b with q in [0, 2^bits). The codes of a row form one
+// MLX affine quantization (docs/spec/qwen3_5_moe.md §9.2): per row, groups of group_size consecutive input
+// columns share a scale s and a bias b, w = s * q + b with q in [0, 2^bits). The codes of a row form one
 // little-endian bit stream (code j in bits [j*bits, (j+1)*bits)) stored as uint32 words, so 3-, 5- and 6-bit
 // codes straddle words. The reader side here is the reference the backends' kernels are tested against.
 #pragma once

@@ -1,5 +1,5 @@
-// Checkpoint tensor names: the prefix spellings of HF, mlx-lm and mlx-vlm checkpoints (spec/qwen3_5_moe.md
-// §2.1, §9.1) mapped to one canonical form, `model.…`, `lm_head.…` or `mtp.…`.
+// Checkpoint tensor names: the prefix spellings of HF, mlx-lm and mlx-vlm checkpoints
+// (docs/spec/qwen3_5_moe.md §2.1, §9.1) mapped to one canonical form, `model.…`, `lm_head.…` or `mtp.…`.
 #pragma once
 
 #include <string>

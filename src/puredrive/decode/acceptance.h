@@ -1,4 +1,4 @@
-// Acceptance rules of speculative decoding (spec/speculative.md §2), on processed distributions.
+// Acceptance rules of speculative decoding (docs/spec/speculative.md §2), on processed distributions.
 //
 // One cycle: the drafter proposed d_1..d_k, drawing d_j from q_j (conditioned on d_1..d_{j-1}); the target
 // verified the rows [x_n, d_1, .., d_k] and process_logits() turned each row into p_0..p_k (p_j is the

@@ -1,8 +1,8 @@
-// Pearson chi-square goodness of fit, for the exactness tests of speculative sampling (spec §3): observed
-// counts of outcomes against their exact probabilities. Cells whose expected count is below min_expected
-// are pooled into one cell (merged into the smallest regular cell if the pool itself stays below it).
-// Observations in a cell of probability 0 make the test fail outright (p = 0): an exact sampler never
-// produces them.
+// Pearson chi-square goodness of fit, for the exactness tests of speculative sampling
+// (docs/spec/speculative.md §3): observed counts of outcomes against their exact probabilities. Cells whose
+// expected count is below min_expected are pooled into one cell (merged into the smallest regular cell if the
+// pool itself stays below it). Observations in a cell of probability 0 make the test fail outright (p = 0):
+// an exact sampler never produces them.
 //
 // The p-value is the chi-square survival function Q(dof/2, x/2), the regularized upper incomplete gamma
 // function, computed here (series below a + 1, Lentz continued fraction above) so no statistics library

@@ -1,6 +1,7 @@
-// Drafter: what the generator asks for draft tokens in an MTP cycle (spec/speculative.md §1). The real one is
-// the MTP head (mtp_drafter.h); tests and `puredrive check` plug in scripted drafters (scripted_drafter.h)
-// that force full acceptance or a rejection at a chosen offset, so every rollback path gets exercised.
+// Drafter: what the generator asks for draft tokens in an MTP cycle (docs/spec/speculative.md §1). The real
+// one is the MTP head (mtp_drafter.h); tests and `puredrive check` plug in scripted drafters
+// (scripted_drafter.h) that force full acceptance or a rejection at a chosen offset, so every rollback path
+// gets exercised.
 //
 // Protocol, with x_n the newest committed token (not yet run through the target) at position n:
 //   - observe() hands over target rows as soon as the token after them is known: row r is position

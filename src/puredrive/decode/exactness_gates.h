@@ -1,4 +1,4 @@
-// The exactness gates of spec/speculative.md §3 on a real model: the building blocks that both
+// The exactness gates of docs/spec/speculative.md §3 on a real model: the building blocks that both
 // `puredrive check` (a pass/fail table on any model and backend) and tests/exactness/ (gtest assertions on
 // the fixtures) run. Each gate returns what it measured; the caller decides pass or fail and prints.
 //

@@ -1,15 +1,15 @@
-// Generator: the decode loop of one sequence (DESIGN.md §2): prefill, then plain one-row steps or MTP cycles
-// (draft k tokens, verify k+1 rows in one target step, accept, roll back), until a stop condition.
+// Generator: the decode loop of one sequence (docs/DESIGN.md §2): prefill, then plain one-row steps or MTP
+// cycles (draft k tokens, verify k+1 rows in one target step, accept, roll back), until a stop condition.
 //
-// Exactness (DESIGN.md §4, spec/speculative.md): plain decoding and MTP cycles share everything but the
-// number of rows per target step. The prompt's last token is not prefilled: like every later token it is
+// Exactness (docs/DESIGN.md §4, docs/spec/speculative.md): plain decoding and MTP cycles share everything but
+// the number of rows per target step. The prompt's last token is not prefilled: like every later token it is
 // the first row of a step, so the first generated token comes out of a step too (and can be drafted). Every
 // emitted token is drawn from process_logits() of a row that is bitwise the row a one-row step would give,
 // with the rule's draw_token() (plain) or Verifier::accept() (cycle), so:
 //   - greedy (kGreedy) and seeded (kSeeded) outputs are identical with MTP on and off, for any drafter;
 //   - token-wise / block outputs are distributed exactly as plain sampling (chi-square tests).
 //
-// One cycle, x_n the newest committed token at position n (spec §1):
+// One cycle, x_n the newest committed token at position n (docs/spec/speculative.md §1):
 //   draft d_1..d_k (Drafter) -> forward([x_n, d_1..d_k], positions n..n+k) -> p_0..p_k with the penalties of
 //   each row's history -> accept a, y -> emit d_1..d_a, y -> state.rewind(n + a + 1) (GDN snapshot of row a,
 //   KV beyond it dead) -> the drafter observes rows n..n+a (tokens d_1..d_a, y; the verify hidden states).

@@ -1,4 +1,4 @@
-// MtpDrafter: drafts with the model's MTP head (spec/qwen3_5_moe.md §8, spec/speculative.md §1).
+// MtpDrafter: drafts with the model's MTP head (docs/spec/qwen3_5_moe.md §8, docs/spec/speculative.md §1).
 //
 // The head's row at position i takes (embedding of x_{i+1}, the target's final-norm hidden at i) and predicts
 // x_{i+2}; its KV cache must hold such a row for every committed position. observe()d rows are kept pending

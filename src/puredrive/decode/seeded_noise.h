@@ -4,7 +4,7 @@
 // token-wise / block acceptance tests. Its draws depend on how many came before.
 //
 // Seeded noise: a pure function of (seed, absolute position, token id), with no state at all. The seeded
-// exact mode (spec/speculative.md §2) draws the token at position n as argmax_v log p(v) + g(n, v) with
+// exact mode (docs/spec/speculative.md §2) draws the token at position n as argmax_v log p(v) + g(n, v) with
 // Gumbel noise g = -log(-log u(seed, n, v)). Because the noise of a position does not depend on how the
 // sequence got there, a speculative verify row and a one-row decode step at the same position see the
 // same noise, and MTP on == MTP off token for token. The draft uses the same noise with its own

@@ -1,4 +1,4 @@
-// Exactness of speculative decoding on synthetic Markov models (spec/speculative.md §3):
+// Exactness of speculative decoding on synthetic Markov models (docs/spec/speculative.md §3):
 //   - chi-square: the first two tokens emitted by the speculative loop (token-wise and block
 //     verification, k = 2, as many cycles as it takes) follow the exact two-token law of the target,
 //     enumerated from its distributions; deliberately faulty rules are rejected by the same test;

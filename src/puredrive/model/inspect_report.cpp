@@ -126,7 +126,7 @@ json inspect_json(const InspectInput& in) {
                  {"at_ctx_size", decode_at(plan.ctx_size)},
                  {"by_context", by_ctx},
                  {"bandwidth_bytes_per_s", kH200CopyBandwidth},
-                 {"bandwidth_source", "H200 measured copy bandwidth, DESIGN.md section 8"}};
+                 {"bandwidth_source", "H200 measured copy bandwidth, docs/DESIGN.md §8"}};
   return j;
 }
 

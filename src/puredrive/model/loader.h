@@ -2,7 +2,7 @@
 // qwen3_5_moe / qwen3_next tensors and their shapes; finding, shape-checking and binding a tensor (float or
 // MLX affine) is checkpoint/tensor_binder.h.
 //
-// Accepted layouts (spec/qwen3_5_moe.md §2, §9): prefixes `model.*`, `model.language_model.*`,
+// Accepted layouts (docs/spec/qwen3_5_moe.md §2, §9): prefixes `model.*`, `model.language_model.*`,
 // `language_model.model.*` (+ `language_model.lm_head`), MTP under `mtp.*`, `model.language_model.mtp.*` or
 // `language_model.mtp.*`; routed experts fused 3-D (`experts.gate_up_proj` / `experts.down_proj`), per expert
 // (`experts.{e}.gate_proj.weight` ...) or MLX-stacked (`switch_mlp.*`), always bound as per-expert views

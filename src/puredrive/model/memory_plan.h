@@ -1,4 +1,4 @@
-// Parameter counts and the memory / bandwidth plan of a model (DESIGN.md §5, §8): what must be resident
+// Parameter counts and the memory / bandwidth plan of a model (docs/DESIGN.md §5, §8): what must be resident
 // (weights, bf16 KV cache for --ctx-size, GDN conv + fp32 recurrent state) and how many bytes one decode step
 // moves, which bounds tokens per second by memory bandwidth.
 #pragma once
@@ -66,7 +66,7 @@ struct MemoryPlan {
 // block (bits + 32 / group_size bits per weight for bf16 scales and biases, per-module overrides honoured).
 MemoryPlan plan_memory(const ModelConfig& c, const ModelWeights* weights, int64_t ctx_size);
 
-// H200 measured device-to-device copy bandwidth (DESIGN.md §8), used for the floor example.
+// H200 measured device-to-device copy bandwidth (docs/DESIGN.md §8), used for the floor example.
 inline constexpr double kH200CopyBandwidth = 4.28e12;
 
 // MemAvailable from /proc/meminfo, in bytes.

@@ -34,7 +34,7 @@ TEST(ParamCounts, Qwen35_35B_A3B) {
   EXPECT_EQ(p.experts, 32212254720);
   EXPECT_EQ(p.dense, 1431237248);
   EXPECT_EQ(p.mtp, 844640768);
-  // DESIGN.md §8: 1.94B dense + 1.01B expert parameters read per token.
+  // docs/DESIGN.md §8: 1.94B dense + 1.01B expert parameters read per token.
   EXPECT_EQ(p.active_experts, 32212254720 / 256 * 8);
   EXPECT_NEAR(p.active_dense / 1e9, 1.94, 0.005);
   EXPECT_NEAR(p.active_experts / 1e9, 1.01, 0.005);
@@ -69,8 +69,8 @@ TEST(MemoryPlan, Qwen35CachesAndStateMatchSpec) {
 }
 
 TEST(MemoryPlan, Qwen35DecodeFloorMatchesDesign) {
-  // DESIGN.md §8: at 4.28 TB/s the floor is 706 tok/s in bf16 at 2K context and 491 at 128K; ~1300 and 720 at
-  // 8.5 bits per weight (MLX 8-bit, group 64: 8 + 32/64 bits).
+  // docs/DESIGN.md §8: at 4.28 TB/s the floor is 706 tok/s in bf16 at 2K context and 491 at 128K; ~1300 and
+  // 720 at 8.5 bits per weight (MLX 8-bit, group 64: 8 + 32/64 bits).
   ModelConfig c = config("qwen3.5-35b-a3b");
   const MemoryPlan bf16 = plan_memory(c, nullptr, 2048);
   EXPECT_EQ(std::lround(floor_tok_s(bf16, 2048)), 706);

@@ -3,8 +3,8 @@
 // of the final-norm hidden states (the MTP head's input). Architecture files implement it; create_model()
 // picks one from config.arch (model_types: see supported_model_types() in model/model_config.h).
 //
-// A step is row-exact (DESIGN.md §4.1): row r of an R-row step is bitwise the result of a one-row step at
-// the same position, so decode, verify and prefill all share one code path.
+// A step is row-exact (docs/DESIGN.md §4.1): row r of an R-row step is bitwise the result of a one-row step
+// at the same position, so decode, verify and prefill all share one code path.
 #pragma once
 
 #include <cstdint>

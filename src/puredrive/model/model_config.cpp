@@ -1,4 +1,4 @@
-// config.json -> ModelConfig. Layouts (spec/qwen3_5_moe.md §1.1): qwen3_5_moe nests the text fields in
+// config.json -> ModelConfig. Layouts (docs/spec/qwen3_5_moe.md §1.1): qwen3_5_moe nests the text fields in
 // text_config; qwen3_5_moe_text and qwen3_next are flat. RoPE parameters are either flat or in
 // rope_parameters (transformers >= 5 writes the latter). Optional fields take the transformers config-class
 // defaults; the structural sizes are required, because a silently defaulted size loads the wrong model.

@@ -1,5 +1,5 @@
 // ModelConfig: the hyperparameters of a qwen3_5_moe / qwen3_5_moe_text / qwen3_next checkpoint, parsed from
-// config.json and validated. Field names keep their config.json spelling (spec/qwen3_5_moe.md §1).
+// config.json and validated. Field names keep their config.json spelling (docs/spec/qwen3_5_moe.md §1).
 #pragma once
 
 #include <map>

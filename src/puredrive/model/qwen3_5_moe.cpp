@@ -1,6 +1,6 @@
 // qwen3_5_moe / qwen3_next forward pass and MTP head, written against backend.h.
-// Math: spec/qwen3_5_moe.md §3-8; reference: transformers' modeling_qwen3_5_moe.py (Qwen3_5MoeDecoderLayer,
-// Qwen3_5MoeAttention, Qwen3_5MoeGatedDeltaNet, Qwen3_5MoeSparseMoeBlock) and
+// Math: docs/spec/qwen3_5_moe.md §3-8; reference: transformers' modeling_qwen3_5_moe.py
+// (Qwen3_5MoeDecoderLayer, Qwen3_5MoeAttention, Qwen3_5MoeGatedDeltaNet, Qwen3_5MoeSparseMoeBlock) and
 // tools/reference/mtp_reference.py. Tests: tests/golden (per-layer agreement with transformers),
 // tests/exactness (row-exactness, rollback).
 #include "puredrive/model/qwen3_5_moe.h"

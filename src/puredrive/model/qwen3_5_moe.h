@@ -1,6 +1,7 @@
 // qwen3_5_moe (Qwen3.5/3.6-35B-A3B and larger) and qwen3_next (Qwen3-Next-80B-A3B): hybrid Gated DeltaNet +
 // gated full attention decoder layers, every layer with a sparse MoE FFN, plus the MTP head. The two families
-// differ only in checkpoint layout, which the loader normalises, and in norm_topk_prob (spec/qwen3_5_moe.md).
+// differ only in checkpoint layout, which the loader normalises, and in norm_topk_prob
+// (docs/spec/qwen3_5_moe.md).
 #pragma once
 
 #include <memory>

@@ -1,6 +1,6 @@
 // SequenceState: everything one sequence carries between steps, in backend memory: a KV cache per
 // full-attention layer, a conv window and an fp32 recurrent state per GDN layer, per-row GDN snapshots of
-// the last multi-row step (for speculative rollback, DESIGN.md §4.2) and the MTP head's own KV caches.
+// the last multi-row step (for speculative rollback, docs/DESIGN.md §4.2) and the MTP head's own KV caches.
 //
 // Lengths: length() tokens are committed in the main model (positions [0, length)). KV entries at or past
 // length() are dead and get overwritten by later steps, so truncating KV is pure bookkeeping. GDN states
@@ -15,7 +15,7 @@
 
 namespace pd {
 
-// What state each layer needs (an architecture's CacheSpec, STYLE.md §35).
+// What state each layer needs (an architecture's CacheSpec, docs/ARCHITECTURE.md).
 struct CacheSpec {
   std::vector<LayerType> layers;  // one per decoder layer
   int kv_width = 0;               // Hkv * D per K (and per V) entry

@@ -1,7 +1,7 @@
-// The engine port: the only view the server has of the generator (STYLE 39). Token ids and text go in and
-// come out; no tensors, no devices. The Scheduler (scheduler.h) owns the single engine thread, the queue and
-// cancellation, and calls Engine::generate for one request at a time on that thread. HTTP threads never call
-// the engine: they wait on their request's event queue.
+// The engine port: the only view the server has of the generator (docs/ARCHITECTURE.md, "Boundaries"). Token
+// ids and text go in and come out; no tensors, no devices. The Scheduler (scheduler.h) owns the single engine
+// thread, the queue and cancellation, and calls Engine::generate for one request at a time on that thread.
+// HTTP threads never call the engine: they wait on their request's event queue.
 //
 // Implementations: FakeEngine (testing/fake_engine.h, for tests and `serve --fake-engine`) and
 // GeneratorEngine, the adapter over decode/'s generator (src/cli/generator_engine.h). Contract for an
@@ -43,7 +43,7 @@ struct SamplingOptions {
   float min_p = 0.0f;              // [0, 1]; 0 = off
   float presence_penalty = 0.0f;   // [-2, 2]: logit -= penalty once for every token id already generated
   float frequency_penalty = 0.0f;  // [-2, 2]: logit -= penalty * count of that id in the generated tokens
-  std::optional<uint64_t> seed;    // set: reproducible sampling (seeded mode of spec/speculative.md)
+  std::optional<uint64_t> seed;    // set: reproducible sampling (seeded mode of docs/spec/speculative.md)
   std::vector<std::pair<int32_t, float>>
       logit_bias;  // (token id < vocab, bias in [-100, 100]) added to logits
 };

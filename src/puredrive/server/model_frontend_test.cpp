@@ -1,4 +1,4 @@
-// ModelPromptBuilder / ModelOutputParser on a real tokenizer (Qwen3, ../shared/data) and published chat
+// ModelPromptBuilder / ModelOutputParser on a real tokenizer (Qwen3, tests/data) and published chat
 // templates. The prompts of tests/templates/conversations.json, sent as OpenAI request bodies through the
 // request parser, must tokenize exactly like the text transformers rendered for them
 // (tests/templates/expected/, an independent Python reference).
@@ -20,7 +20,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::string kShared = std::string(PD_SOURCE_DIR) + "/../shared/data";
+// tests/data: the templates as committed, the tokenizer as unpacked by the build (tests/data/CMakeLists.txt).
+const std::string kQwen3Dir = std::string(PD_TEST_DATA_DIR) + "/qwen3";
+const std::string kTemplateDir = std::string(PD_SOURCE_DIR) + "/tests/data/templates";
 
 std::string read(const fs::path& p) {
   std::ifstream f(p);
@@ -35,11 +37,11 @@ class ModelDir {
   explicit ModelDir(const std::string& template_file) {
     dir_ = fs::temp_directory_path() / ("pd_frontend_" + std::to_string(::getpid()) + "_" + template_file);
     fs::create_directories(dir_);
-    fs::copy_file(kShared + "/tokenizers/qwen3/tokenizer.json", dir_ / "tokenizer.json",
+    fs::copy_file(kQwen3Dir + "/tokenizer.json", dir_ / "tokenizer.json",
                   fs::copy_options::overwrite_existing);
-    fs::copy_file(kShared + "/tokenizers/qwen3/tokenizer_config.json", dir_ / "tokenizer_config.json",
+    fs::copy_file(kQwen3Dir + "/tokenizer_config.json", dir_ / "tokenizer_config.json",
                   fs::copy_options::overwrite_existing);
-    fs::copy_file(kShared + "/templates/" + template_file, dir_ / "chat_template.jinja",
+    fs::copy_file(kTemplateDir + "/" + template_file, dir_ / "chat_template.jinja",
                   fs::copy_options::overwrite_existing);
   }
   ~ModelDir() { fs::remove_all(dir_); }
@@ -50,11 +52,12 @@ class ModelDir {
 };
 
 bool have_data() {
-  return fs::exists(kShared + "/tokenizers/qwen3/tokenizer.json");
+  return fs::exists(kQwen3Dir + "/tokenizer.json") && fs::exists(kTemplateDir);
 }
 
+// Missing test data is a failure, never a skip: it is part of the repository.
 #define REQUIRE_DATA() \
-  if (!have_data()) GTEST_SKIP() << "\n*** SKIPPED: " << kShared << " not found (test data) ***\n"
+  if (!have_data()) FAIL() << kQwen3Dir << " or " << kTemplateDir << " missing (rerun cmake)"
 
 // The builder over the directory's own tokenizer, stopping at <|im_end|> (the Qwen3 eos_token).
 Expected<std::shared_ptr<ModelPromptBuilder>> load_builder(const std::string& dir, int32_t vocab_limit) {

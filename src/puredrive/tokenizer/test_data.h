@@ -1,5 +1,6 @@
 // Test helpers: paths of the committed reference data (tests/tokenizer/, written by
-// tools/reference/tokenizer/make_reference.py) and of the shared Qwen3 tokenizer.
+// tools/reference/tokenizer/make_reference.py) and of the Qwen3 tokenizer (tests/data/qwen3, unpacked by the
+// build into PD_TEST_DATA_DIR).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -18,7 +19,7 @@ inline std::string reference_dir() {
   return std::string(PD_SOURCE_DIR) + "/tests/tokenizer";
 }
 inline std::string qwen3_dir() {
-  return std::string(PD_SOURCE_DIR) + "/../shared/data/tokenizers/qwen3";
+  return std::string(PD_TEST_DATA_DIR) + "/qwen3";
 }
 
 inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
@@ -42,11 +43,10 @@ inline std::vector<int32_t> ids_of(const nlohmann::json& j) {
   return j.get<std::vector<int32_t>>();
 }
 
-// The Qwen3 tokenizer, loaded once per test binary; nullptr (with a loud message) when the shared data
-// is not there.
+// The Qwen3 tokenizer, loaded once per test binary; nullptr (and a failed expectation) when it cannot be
+// loaded.
 inline const Tokenizer* qwen3_tokenizer() {
   static const Tokenizer* tok = []() -> const Tokenizer* {
-    if (!std::filesystem::exists(qwen3_dir() + "/tokenizer.json")) return nullptr;
     auto t = Tokenizer::load(qwen3_dir());
     EXPECT_TRUE(t.has_value()) << t.status().to_string();
     if (!t) return nullptr;
@@ -55,11 +55,12 @@ inline const Tokenizer* qwen3_tokenizer() {
   return tok;
 }
 
-#define PD_REQUIRE_QWEN3(var)                                                                    \
-  const ::pd::Tokenizer* var = ::pd::tok::testing::qwen3_tokenizer();                            \
-  if (var == nullptr) {                                                                          \
-    GTEST_SKIP() << "*** SKIPPED: shared test data missing: " << ::pd::tok::testing::qwen3_dir() \
-                 << "/tokenizer.json ***";                                                       \
+// Missing test data is a failure, never a skip: the data is part of the repository.
+#define PD_REQUIRE_QWEN3(var)                                                            \
+  const ::pd::Tokenizer* var = ::pd::tok::testing::qwen3_tokenizer();                    \
+  if (var == nullptr) {                                                                  \
+    FAIL() << "cannot load the Qwen3 tokenizer from " << ::pd::tok::testing::qwen3_dir() \
+           << " (unpacked from tests/data/qwen3 at configure time; rerun cmake)";        \
   }
 
 }  // namespace pd::tok::testing

@@ -9,7 +9,7 @@ strings are exactly what apply_chat_template produces. strftime_now is pinned to
 Writes (committed test data):
   tests/templates/snippets.json         small feature templates (snippets.py) and their outputs or errors
   tests/templates/conversations.json    the conversations of conversations.py
-  tests/templates/expected/<name>.json  per chat template in /work/shared/data/templates: output or error for
+  tests/templates/expected/<name>.json  per chat template in tests/data/templates: output or error for
                                         every conversation, plus the template's sha256
 
 Usage: tools/reference/.venv/bin/python tools/reference/templates/make_reference.py [--templates DIR]
@@ -27,8 +27,10 @@ import transformers
 import transformers.utils.chat_template_utils as ctu
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from conversations import CONVERSATIONS  # noqa: E402
 from snippets import SNIPPETS  # noqa: E402
+import test_data  # noqa: E402
 
 FIXED_DATE = datetime.datetime(2025, 7, 26, 10, 30, 5)
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -123,7 +125,8 @@ def write_json(path, data):
     print(f"wrote {path.relative_to(ROOT)} ({len(text)} bytes)")
 
 
-CLI_MODEL_DIR = "../shared/data/tokenizers/qwen3"  # relative to the repository root
+# The Qwen3 model directory, relative to the build's test-data directory (tests/data/CMakeLists.txt unpacks it).
+CLI_MODEL_DIR = "qwen3"
 CLI_CASES = ["multi_turn", "thinking_disabled", "tool_call_parallel", "unicode_heavy", "reasoning_content_history"]
 
 
@@ -131,11 +134,7 @@ def write_cli_cases(conversations):
     """End-to-end cases for `puredrive template`: the real tokenizer's apply_chat_template on a model dir."""
     from transformers import AutoTokenizer
 
-    model_dir = ROOT / CLI_MODEL_DIR
-    if not (model_dir / "tokenizer_config.json").exists():
-        print(f"skipping CLI cases: {model_dir} not found")
-        return
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(test_data.qwen3_dir()))
     cli_dir = OUT / "cli"
     manifest = []
     by_name = {c["name"]: c for c in conversations}
@@ -162,7 +161,7 @@ def write_cli_cases(conversations):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--templates", default="/work/shared/data/templates", type=pathlib.Path)
+    parser.add_argument("--templates", default=test_data.TEMPLATES, type=pathlib.Path)
     args = parser.parse_args()
     pin_clock()
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates tests/templates/ (chat-template and Jinja reference outputs) with the pinned reference venv.
-# Needs the test data in ../shared/data (templates, the qwen3 tokenizer directory).
+# Reads the chat templates and the Qwen3 tokenizer from tests/data/.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$here/../setup.sh"

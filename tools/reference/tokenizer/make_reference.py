@@ -15,7 +15,7 @@
 
 Usage (from the repository root):
   /work/venvs/ref/bin/python tools/reference/tokenizer/make_reference.py \
-      [--tokenizer-dir ../shared/data/tokenizers/qwen3] [--out tests/tokenizer]
+      [--tokenizer-dir DIR (default: tests/data/qwen3, unpacked)] [--out tests/tokenizer]
 Versions: tokenizers and transformers as pinned in tools/reference/requirements.txt (the venv that
 tools/reference/setup.sh creates, e.g. /work/venvs/ref).
 """
@@ -31,7 +31,9 @@ import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import make_corpus  # noqa: E402
+import test_data  # noqa: E402
 
 SEED = 1234
 
@@ -414,9 +416,11 @@ def regex_reference(out_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer-dir", default="../shared/data/tokenizers/qwen3")
+    ap.add_argument("--tokenizer-dir", default=None, help="default: tests/data/qwen3, unpacked")
     ap.add_argument("--out", default="tests/tokenizer")
     args = ap.parse_args()
+    if args.tokenizer_dir is None:
+        args.tokenizer_dir = str(test_data.qwen3_dir())
     os.makedirs(args.out, exist_ok=True)
     corpus = make_corpus.build_corpus()
     tok, all_ids = qwen_reference(args.tokenizer_dir, args.out, corpus)

@@ -40,7 +40,7 @@ struct DevMatrix {
 };
 
 // ---- Tiled products for wide steps (gemm_tiled.cu) ----
-// Prefill (R > kMaxRows) may use other kernels than decode (DESIGN §4, point 1): tiles of kTileRows
+// Prefill (R > kMaxRows) may use other kernels than decode (docs/DESIGN.md §4.1): tiles of kTileRows
 // activation rows x kTileCols weight rows, weights decoded once per tile into shared memory, f32
 // accumulation over the columns in ascending order. Not row-exact across R (a row's result does not depend on
 // R, but differs from the warp-split decode kernels' summation order).
