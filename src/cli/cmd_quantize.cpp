@@ -1,5 +1,6 @@
 // puredrive quantize: a float checkpoint -> an MLX affine checkpoint in mlx-lm's layout, MTP head kept.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>

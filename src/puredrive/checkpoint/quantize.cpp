@@ -364,8 +364,8 @@ Status pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std
   return Status::ok();
 }
 
-// Drops the pages of a finished source tensor from this process, so that resident memory stays bounded by
-// the tensors in flight rather than growing to the whole mapped checkpoint.
+// Drops pages of the mapped input that have been consumed from this process, so that resident memory stays at
+// the chunks in flight rather than growing to the whole checkpoint (the pages stay in the page cache).
 void release_pages(const uint8_t* p, uint64_t n) {
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
@@ -395,6 +395,7 @@ class Executor {
         const int64_t n = std::min(chunk, seg.rows - r);
         const uint8_t* src = seg.tensor->data + static_cast<uint64_t>(seg.first_row + r) * src_row_bytes;
         PD_TRY(fn(src, out_row, n));
+        release_pages(src, static_cast<uint64_t>(n) * src_row_bytes);
         out_row += n;
       }
     }
