@@ -50,9 +50,10 @@ void run_quantize(const QuantizeArgs& a) {
   o.recipe = *recipe;
   o.group_size = a.group_size;
   o.threads = a.threads;
-  // One progress line, rewritten in place when stderr is a terminal.
+  // One progress line, rewritten in place on a terminal; in a log, a line per 5%.
   const bool tty = isatty(fileno(stderr)) != 0;
   size_t last_done = static_cast<size_t>(-1);
+  int last_bucket = -1;
   if (!a.quiet) {
     o.progress = [&](const QuantizeProgress& p) {
       if (p.jobs_done == last_done) return;
@@ -60,8 +61,11 @@ void run_quantize(const QuantizeArgs& a) {
       const double pct = p.bytes_total > 0
                              ? 100.0 * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total)
                              : 100.0;
-      fmt::print(stderr, "{}quantize: {:5.1f}%  {}/{} modules, {} of {}{}", tty ? "\r" : "", pct, p.jobs_done,
-                 p.jobs_total, format_bytes(static_cast<double>(p.bytes_done)),
+      const int bucket = p.jobs_done == p.jobs_total ? 20 : static_cast<int>(pct / 5.0);
+      if (!tty && bucket == last_bucket) return;
+      last_bucket = bucket;
+      fmt::print(stderr, "{}quantize: {:5.1f}%  {}/{} modules and float tensors, {} of {}{}", tty ? "\r" : "",
+                 pct, p.jobs_done, p.jobs_total, format_bytes(static_cast<double>(p.bytes_done)),
                  format_bytes(static_cast<double>(p.bytes_total)), tty ? "" : "\n");
       std::fflush(stderr);
     };
@@ -72,8 +76,8 @@ void run_quantize(const QuantizeArgs& a) {
   if (!sum) fail(sum.status());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const auto& n : sum->notices) fmt::print(stderr, "note: {}\n", n);
-  fmt::print("{} -> {} ({}): {} tensors ({} modules quantized) in {}, {} -> {}\n", a.model, a.out, a.recipe,
-             sum->tensors_written, sum->modules_quantized, fmt::join(sum->files, ", "),
+  fmt::print("{} -> {} ({}): {} tensors written ({} modules quantized) in {}, {} -> {}\n", a.model, a.out,
+             a.recipe, sum->tensors_written, sum->modules_quantized, fmt::join(sum->files, ", "),
              format_bytes(static_cast<double>(sum->input_bytes)),
              format_bytes(static_cast<double>(sum->output_bytes)));
   fmt::print("copied: {}\n",
