@@ -40,10 +40,6 @@ bool is_float(DType t) {
   return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
 }
 
-float load_float(const uint8_t* p, DType t, int64_t i) {
-  return load_scale(p, t, i);
-}
-
 void store_float(uint8_t* p, DType t, int64_t i, float v) {
   if (t == DType::kF32) {
     std::memcpy(p + 4 * i, &v, 4);
@@ -84,7 +80,7 @@ struct PlanBuilder {
   bool mtp_shifted = false;
   std::map<std::string, const TensorInfo*, decltype(&natural_less)> by_cname{&natural_less};
 
-  Status add_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape, QuantJob* job) {
+  void add_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape, QuantJob* job) {
     PlannedTensor t;
     t.name = name;
     t.dtype = dtype;
@@ -94,7 +90,6 @@ struct PlanBuilder {
     t.nbytes = n;
     job->outputs.push_back(plan.tensors.size());
     plan.tensors.push_back(std::move(t));
-    return Status::ok();
   }
 
   // A matrix module: source rows (segments) of width `cols`, written as `out_module` with shape
@@ -135,11 +130,11 @@ struct PlanBuilder {
       wshape.back() = cols * q->bits / 32;
       std::vector<int64_t> sshape = shape;
       sshape.back() = cols / q->group_size;
-      PD_TRY(add_tensor(out_module + ".weight", DType::kU32, wshape, &job));
-      PD_TRY(add_tensor(out_module + ".scales", dtype, sshape, &job));
-      PD_TRY(add_tensor(out_module + ".biases", dtype, sshape, &job));
+      add_tensor(out_module + ".weight", DType::kU32, wshape, &job);
+      add_tensor(out_module + ".scales", dtype, sshape, &job);
+      add_tensor(out_module + ".biases", dtype, sshape, &job);
     } else {
-      PD_TRY(add_tensor(out_module + ".weight", dtype, shape, &job));
+      add_tensor(out_module + ".weight", dtype, shape, &job);
     }
     plan.jobs.push_back(std::move(job));
     return Status::ok();
@@ -162,7 +157,7 @@ struct PlanBuilder {
       const bool shifted = starts_with(cname, "mtp.") ? mtp_shifted : main_shifted;
       job.add_one = !shifted;
     }
-    PD_TRY(add_tensor(job.module, t->dtype, shape, &job));
+    add_tensor(job.module, t->dtype, shape, &job);
     plan.jobs.push_back(std::move(job));
     return Status::ok();
   }
@@ -419,7 +414,7 @@ class Executor {
       // 1 + w rounded once to the stored dtype, as mlx-lm's `v + 1.0` computes it.
       const int64_t elems = n * job.row_elems;
       for (int64_t i = 0; i < elems; ++i)
-        store_float(buf.data(), job.src_dtype, i, 1.0f + load_float(src, job.src_dtype, i));
+        store_float(buf.data(), job.src_dtype, i, 1.0f + load_scale(src, job.src_dtype, i));
       return write(out, static_cast<uint64_t>(row) * row_bytes, buf.data(), bytes);
     });
   }
@@ -441,7 +436,7 @@ class Executor {
           for (int64_t r = 0; r < n; ++r) {
             const uint8_t* s = src + static_cast<uint64_t>(r) * src_row_bytes;
             for (int64_t j = 0; j < cols; ++j) {
-              row[static_cast<size_t>(j)] = load_float(s, job.src_dtype, j);
+              row[static_cast<size_t>(j)] = load_scale(s, job.src_dtype, j);
               if (!std::isfinite(row[static_cast<size_t>(j)])) {
                 return make_error(ErrorCode::kInvalidArgument,
                                   "'{}': row {} holds a non-finite value ({}) at column {}", job.module,
