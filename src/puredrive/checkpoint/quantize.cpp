@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <regex>
 #include <thread>
 #include <unordered_map>
 
@@ -67,6 +66,27 @@ bool is_zero_centred_norm(const std::string& cname) {
 // the MTP head goes next to it, where the loader (and the qwen35-mlx-q fixture) expects it.
 std::string output_name(const std::string& cname, bool nested) {
   return nested ? "language_model." + cname : cname;
+}
+
+// `<p>.mlp.experts.<e>.<gate|up|down>_proj.weight` -> (`<p>.mlp.`, e, proj).
+struct PerExpertName {
+  std::string mlp;
+  int64_t expert = 0;
+  std::string proj;
+};
+
+std::optional<PerExpertName> parse_per_expert(const std::string& cname) {
+  static const std::string kMid = ".mlp.experts.";
+  const size_t at = cname.find(kMid);
+  if (at == std::string::npos || !ends_with(cname, ".weight")) return std::nullopt;
+  const size_t digits = at + kMid.size();
+  size_t end = digits;
+  while (end < cname.size() && cname[end] >= '0' && cname[end] <= '9') ++end;
+  if (end == digits || end - digits > 9 || end >= cname.size() || cname[end] != '.') return std::nullopt;
+  const std::string proj = cname.substr(end + 1, cname.size() - end - 1 - std::strlen(".weight"));
+  if (proj != "gate_proj" && proj != "up_proj" && proj != "down_proj") return std::nullopt;
+  return PerExpertName{cname.substr(0, at + std::strlen(".mlp.")),
+                       std::stoll(cname.substr(digits, end - digits)), proj};
 }
 
 struct PlanBuilder {
@@ -206,13 +226,10 @@ struct PlanBuilder {
     // Per-expert tensors are stacked: prefix + kind -> expert index -> tensor.
     std::map<std::string, std::map<int64_t, const TensorInfo*>, decltype(&natural_less)> per_expert{
         &natural_less};
-    static const std::regex kPerExpert(
-        R"(^(.*\.mlp\.)experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
     for (const auto& [cname, t] : by_cname) {
-      std::smatch m;
-      if (std::regex_match(cname, m, kPerExpert)) {
+      if (auto pe = parse_per_expert(cname)) {
         PD_TRY(check_float(t));
-        per_expert[m[1].str() + "switch_mlp." + m[3].str()][std::stoll(m[2].str())] = t;
+        per_expert[pe->mlp + "switch_mlp." + pe->proj][pe->expert] = t;
         continue;
       }
       if (cname == "lm_head.weight" && c.tie_word_embeddings) {
@@ -546,16 +563,36 @@ ModuleClass classify_module(const std::string& m) {
   if (m == "model.embed_tokens") return ModuleClass::kEmbedding;
   if (m == "lm_head") return ModuleClass::kLmHead;
   if (m == "mtp.fc") return ModuleClass::kMtpFc;
-  static const std::regex kAttn(R"(.*\.self_attn\.(q|k|v|o)_proj)");
-  static const std::regex kGdn(
-      R"(.*\.linear_attn\.(in_proj_qkvz|in_proj_ba|in_proj_qkv|in_proj_z|in_proj_b|in_proj_a|out_proj))");
-  static const std::regex kShared(R"(.*\.mlp\.shared_expert\.(gate|up|down)_proj)");
-  static const std::regex kRouted(R"(.*\.mlp\.(switch_mlp\.|experts\.(\d+\.)?)(gate|up|down|gate_up)_proj)");
   if (ends_with(m, ".mlp.gate") || ends_with(m, ".mlp.shared_expert_gate")) return ModuleClass::kRouter;
-  if (std::regex_match(m, kAttn)) return ModuleClass::kAttention;
-  if (std::regex_match(m, kGdn)) return ModuleClass::kGdn;
-  if (std::regex_match(m, kShared)) return ModuleClass::kSharedExpert;
-  if (std::regex_match(m, kRouted)) return ModuleClass::kRoutedExperts;
+  const size_t dot = m.rfind('.');
+  if (dot == std::string::npos) return ModuleClass::kOther;
+  const std::string parent = m.substr(0, dot), leaf = m.substr(dot + 1);
+  auto in = [&](std::initializer_list<const char*> names) {
+    return std::any_of(names.begin(), names.end(), [&](const char* n) { return leaf == n; });
+  };
+  if (ends_with(parent, ".self_attn") && in({"q_proj", "k_proj", "v_proj", "o_proj"})) {
+    return ModuleClass::kAttention;
+  }
+  if (ends_with(parent, ".linear_attn") &&
+      in({"in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"})) {
+    return ModuleClass::kGdn;
+  }
+  if (ends_with(parent, ".mlp.shared_expert") && in({"gate_proj", "up_proj", "down_proj"})) {
+    return ModuleClass::kSharedExpert;
+  }
+  if (in({"gate_proj", "up_proj", "down_proj", "gate_up_proj"})) {
+    // .mlp.switch_mlp.X, .mlp.experts.X (fused) or .mlp.experts.<e>.X
+    if (ends_with(parent, ".mlp.switch_mlp") || ends_with(parent, ".mlp.experts")) {
+      return ModuleClass::kRoutedExperts;
+    }
+    const size_t d2 = parent.rfind('.');
+    if (d2 != std::string::npos && d2 + 1 < parent.size() &&
+        std::all_of(parent.begin() + static_cast<std::ptrdiff_t>(d2 + 1), parent.end(),
+                    [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+        ends_with(parent.substr(0, d2), ".mlp.experts")) {
+      return ModuleClass::kRoutedExperts;
+    }
+  }
   return ModuleClass::kOther;
 }
 

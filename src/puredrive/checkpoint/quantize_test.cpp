@@ -158,6 +158,10 @@ TEST(QuantizeRecipe, ClassesAndWidths) {
   EXPECT_EQ(classify_module("mtp.layers.0.mlp.shared_expert_gate"), ModuleClass::kRouter);
   EXPECT_EQ(classify_module("model.layers.0.mlp.shared_expert.down_proj"), ModuleClass::kSharedExpert);
   EXPECT_EQ(classify_module("model.layers.0.mlp.switch_mlp.up_proj"), ModuleClass::kRoutedExperts);
+  EXPECT_EQ(classify_module("model.layers.0.mlp.experts.gate_up_proj"), ModuleClass::kRoutedExperts);
+  EXPECT_EQ(classify_module("mtp.layers.0.mlp.experts.17.down_proj"), ModuleClass::kRoutedExperts);
+  EXPECT_EQ(classify_module("model.layers.0.mlp.experts.x.down_proj"), ModuleClass::kOther);
+  EXPECT_EQ(classify_module("model.layers.0.self_attn.q_norm"), ModuleClass::kOther);
   EXPECT_EQ(classify_module("model.layers.0.linear_attn.conv1d"), ModuleClass::kOther);
   EXPECT_EQ(classify_module("model.norm"), ModuleClass::kOther);
 
