@@ -55,7 +55,8 @@ struct AffineMatrix {
 
 // MLX's documented quantizer, per group: b = min w, s = (max w - min w) / (2^bits - 1) (both rounded to
 // scale_dtype, F32, BF16 or F16), q = clamp(round((w - b) / s)). w is [rows, cols] row-major f32;
-// cols must be a multiple of group_size (32, 64 or 128).
+// cols must be a multiple of group_size (32, 64 or 128). Test checkpoints use it; mx.quantize itself computes
+// something else (quantize_affine_mlx below), which matters only when comparing files byte for byte.
 Expected<AffineMatrix> quantize_affine(const float* w, int64_t rows, int64_t cols, int bits, int group_size,
                                        DType scale_dtype = DType::kBF16);
 
