@@ -688,6 +688,9 @@ Expected<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
     return job_input_bytes(plan.jobs[a]) > job_input_bytes(plan.jobs[b]);
   });
   Executor exec(layout, fds, paths);
+  // Progress counts the input the jobs read (the vision tower and a tied lm_head are not read).
+  uint64_t bytes_total = 0;
+  for (const auto& j : plan.jobs) bytes_total += job_input_bytes(j);
   std::atomic<size_t> next{0}, done{0};
   std::atomic<uint64_t> bytes_done{0};
   std::atomic<bool> failed{false};
@@ -718,11 +721,11 @@ Expected<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
     std::unique_lock<std::mutex> lock(mu);
     while (done.load() < order.size() && !failed.load()) {
       cv.wait_for(lock, std::chrono::milliseconds(250));
-      if (o.progress) o.progress({done.load(), order.size(), bytes_done.load(), plan.input_bytes});
+      if (o.progress) o.progress({done.load(), order.size(), bytes_done.load(), bytes_total});
     }
   }
   for (auto& th : threads) th.join();
-  if (o.progress) o.progress({done.load(), order.size(), bytes_done.load(), plan.input_bytes});
+  if (o.progress) o.progress({done.load(), order.size(), bytes_done.load(), bytes_total});
   for (size_t s = 0; s < fds.size(); ++s) {
     if (::fsync(fds[s]) != 0 && first_error.is_ok()) {
       first_error = make_error(ErrorCode::kIo, "{}: fsync failed: {}", paths[s], std::strerror(errno));

@@ -333,14 +333,19 @@ TEST_P(QuantizeCheckpoint, WritesALoadableCheckpointCloseToTheSource) {
   o.threads = 3;
   o.max_shard_bytes = 200 << 10;  // several shards even for a tiny model
   int progress_calls = 0;
+  QuantizeProgress last;
   o.progress = [&](const QuantizeProgress& p) {
     ++progress_calls;
     EXPECT_LE(p.jobs_done, p.jobs_total);
+    EXPECT_LE(p.bytes_done, p.bytes_total);
+    last = p;
   };
   auto sum = quantize_checkpoint(o);
   ASSERT_TRUE(sum.has_value()) << sum.status().message();
   g_bf16_norms = fixture == "qwen35-bf16";
   EXPECT_GT(progress_calls, 0);
+  EXPECT_EQ(last.jobs_done, last.jobs_total);
+  EXPECT_EQ(last.bytes_done, last.bytes_total) << "the last report is 100%";
   EXPECT_GT(sum->files.size(), 1u);
   EXPECT_LT(sum->output_bytes, sum->input_bytes);
   EXPECT_TRUE(fs::exists(out / "generation_config.json"));
