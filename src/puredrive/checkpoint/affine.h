@@ -70,9 +70,21 @@ struct AffineMatrix {
 
 // MLX's documented quantizer, per group: b = min w, s = (max w - min w) / (2^bits - 1) (both rounded to
 // scale_dtype, F32, BF16 or F16), q = clamp(round((w - b) / s)). w is [rows, cols] row-major f32;
-// cols must be a multiple of group_size (32, 64 or 128).
+// cols must be a multiple of group_size (32, 64 or 128). Test checkpoints use it; mx.quantize itself computes
+// something else (quantize_affine_mlx below), which matters only when comparing files byte for byte.
 Expected<AffineMatrix> quantize_affine(const float* w, int64_t rows, int64_t cols, int bits, int group_size,
                                        DType scale_dtype = DType::kBF16);
+
+// MLX's own quantizer, as mlx.core.quantize computes it on the CPU (mlx/backend/cpu/quantized.cpp,
+// fast::Quantize): per group, the bias is the edge of larger magnitude (min or max) and the scale is signed
+// so that the edge lands exactly on a code: s = ±max((max - min) / (2^bits - 1), 1e-7), q0 = rint(edge / s),
+// and when q0 != 0, s = edge / q0 and b = edge (else b = 0). Codes are rint((w - b) / s) clamped to [0,
+// 2^bits - 1], computed with the float32 s and b; s and b are rounded to scale_dtype only when stored.
+// `puredrive quantize` uses this one so that its output is byte-identical to mlx_lm.convert's.
+void quantize_affine_mlx_row(const float* w, int64_t cols, int bits, int group_size, DType scale_dtype,
+                             uint32_t* codes, void* scales, void* biases);
+Expected<AffineMatrix> quantize_affine_mlx(const float* w, int64_t rows, int64_t cols, int bits,
+                                           int group_size, DType scale_dtype = DType::kBF16);
 
 // Element i of a scales/biases array of dtype t (F32, F16 or BF16).
 float load_scale(const void* p, DType t, int64_t i);

@@ -1,6 +1,11 @@
 #include "puredrive/model/inspect_report.h"
 
+#include <cstdio>
+#include <cstring>
 #include <map>
+
+#include "puredrive/checkpoint/quantize.h"
+#include "puredrive/checkpoint/tensor_names.h"
 
 namespace pd {
 namespace {
@@ -33,6 +38,54 @@ json config_json(const ModelConfig& c) {
       {"rms_norm_eps", c.rms_norm_eps},
   };
   if (!c.mrope_section.empty()) j["mrope_section"] = c.mrope_section;
+  return j;
+}
+
+// Bits per weight of the matrices, by module class: stored bytes (codes + scales + biases for MLX affine)
+// over logical weights.
+json bits_per_weight_json(const Checkpoint& cp) {
+  struct Acc {
+    double params = 0;
+    double bytes = 0;
+  };
+  std::map<std::string, Acc> by;
+  Acc total;
+  for (const auto& t : cp.tensors) {
+    std::string module = canonical_tensor_name(t.name);
+    bool scales = false;
+    for (const char* sfx : {".weight", ".scales", ".biases"}) {
+      const size_t n = std::strlen(sfx);
+      if (module.size() > n && module.compare(module.size() - n, n, sfx) == 0) {
+        scales = std::strcmp(sfx, ".scales") == 0;
+        module.resize(module.size() - n);
+        break;
+      }
+    }
+    const ModuleClass c = classify_module(module);
+    if (c == ModuleClass::kOther || t.shape.size() < 2) continue;
+    Acc& a = by[module_class_name(c)];
+    a.bytes += static_cast<double>(t.nbytes);
+    total.bytes += static_cast<double>(t.nbytes);
+    int bits = 0, group = 0;
+    const bool affine = std::sscanf(t.format.c_str(), "affine q%d g%d", &bits, &group) == 2;
+    double n = 1;
+    for (int64_t d : t.shape) n *= static_cast<double>(d);
+    // Logical weights: a float matrix's elements, or an affine module's groups times the group size.
+    if ((affine && scales) || (!affine && t.dtype != DType::kU32)) {
+      const double params = affine ? n * group : n;
+      a.params += params;
+      total.params += params;
+    }
+  }
+  json j = json::object();
+  for (const auto& [k, a] : by) {
+    j[k] = {{"params", a.params},
+            {"bytes", a.bytes},
+            {"bits_per_weight", a.params > 0 ? 8 * a.bytes / a.params : 0}};
+  }
+  j["all"] = {{"params", total.params},
+              {"bytes", total.bytes},
+              {"bits_per_weight", total.params > 0 ? 8 * total.bytes / total.params : 0}};
   return j;
 }
 
@@ -79,6 +132,7 @@ json inspect_json(const InspectInput& in) {
     j["tensors"] = tensors;
     j["unused"] = cp.unused;
     j["notices"] = cp.notices;
+    j["bits_per_weight"] = bits_per_weight_json(cp);
   }
   j["params"] = {{"total", p.total()},
                  {"main", p.main()},
@@ -176,6 +230,13 @@ std::string inspect_text(const InspectInput& in) {
                        fmt::format("[{}]", fmt::join(t["shape"].get<std::vector<int64_t>>(), ", ")),
                        t["format"].get<std::string>()));
     }
+    std::string bpw;
+    for (const auto& [k, v] : j["bits_per_weight"].items()) {
+      if (k == "all") continue;
+      bpw += fmt::format("{}{} {:.2f}", bpw.empty() ? "" : ", ", k, v["bits_per_weight"].get<double>());
+    }
+    line(fmt::format("bits/weight {:.2f} over all matrices: {}",
+                     j["bits_per_weight"]["all"]["bits_per_weight"].get<double>(), bpw));
     for (const auto& n : j["notices"]) line(fmt::format("notice     {}", n.get<std::string>()));
     if (!j["unused"].empty()) line(fmt::format("UNUSED     {} tensors (listed above)", j["unused"].size()));
   }
