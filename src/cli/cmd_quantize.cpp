@@ -11,8 +11,8 @@
 #include <fmt/ranges.h>
 
 #include "cli/command.h"
-#include "puredrive/checkpoint/memory_plan.h"
-#include "puredrive/checkpoint/quantize.h"
+#include "puredrive/model/memory_plan.h"
+#include "puredrive/model/quantize.h"
 
 namespace pd::cli {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <map>
 
-#include "puredrive/checkpoint/quantize.h"
+#include "puredrive/model/quantize.h"
 #include "puredrive/checkpoint/tensor_names.h"
 
 namespace pd {

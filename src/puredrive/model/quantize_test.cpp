@@ -1,4 +1,4 @@
-#include "puredrive/checkpoint/quantize.h"
+#include "puredrive/model/quantize.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "puredrive/checkpoint/affine.h"
-#include "puredrive/checkpoint/loader.h"
+#include "puredrive/model/loader.h"
 #include "puredrive/util/mapped_file.h"
 
 namespace pd {

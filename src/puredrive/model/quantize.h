@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "puredrive/checkpoint/model_config.h"
+#include "puredrive/model/model_config.h"
 #include "puredrive/checkpoint/safetensors.h"
 #include "puredrive/util/status.h"
 

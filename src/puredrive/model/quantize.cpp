@@ -1,4 +1,4 @@
-#include "puredrive/checkpoint/quantize.h"
+#include "puredrive/model/quantize.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "puredrive/checkpoint/affine.h"
-#include "puredrive/checkpoint/loader.h"
+#include "puredrive/model/loader.h"
 #include "puredrive/checkpoint/tensor_names.h"
 #include "puredrive/util/mapped_file.h"
 
