@@ -2,7 +2,7 @@
 // the memory-mapped checkpoint (model/loader.h binds them and checks every shape against the config).
 // Matrices stay in their stored format (f32/f16/bf16 or MLX affine); small vectors (norms, conv taps, gates'
 // biases) are converted to f32 at load, with the zero-centred "+1" already folded in for HF-layout
-// checkpoints (spec/qwen3_5_moe.md §3).
+// checkpoints (docs/spec/qwen3_5_moe.md §3).
 #pragma once
 
 #include <memory>
