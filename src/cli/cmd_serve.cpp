@@ -99,7 +99,8 @@ Served load_model(const ServeArgs& a) {
   }
   const int32_t vocab = m.checkpoint.config.vocab_size;
   if (!m.tokenizer) fail(fmt::format("{}: tokenizer.json is missing", a.model));
-  auto prompts = take(server::ModelPromptBuilder::load(a.model, *m.tokenizer, m.defaults.eos_token_ids, vocab));
+  auto prompts =
+      take(server::ModelPromptBuilder::load(a.model, *m.tokenizer, m.defaults.eos_token_ids, vocab));
   s.frontend = server::Frontend{prompts, std::make_shared<server::ModelOutputParser>()};
   server::EngineInfo info{.model_id = a.model_alias,
                           .context_size = a.ctx_size,
@@ -107,7 +108,8 @@ Served load_model(const ServeArgs& a) {
                           .mtp_draft = m.generator->has_drafter() ? a.mtp_draft : 0,
                           .backend = m.backend->name()};
   // The prompt builder keeps a copy of the tokenizer; the engine takes the session's.
-  s.engine = std::make_unique<GeneratorEngine>(std::move(m.generator), std::move(*m.tokenizer), info, a.mtp_draft);
+  s.engine =
+      std::make_unique<GeneratorEngine>(std::move(m.generator), std::move(*m.tokenizer), info, a.mtp_draft);
   return s;
 }
 
