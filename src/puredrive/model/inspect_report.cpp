@@ -4,8 +4,8 @@
 #include <cstring>
 #include <map>
 
-#include "puredrive/model/quantize.h"
 #include "puredrive/checkpoint/tensor_names.h"
+#include "puredrive/model/quantize.h"
 
 namespace pd {
 namespace {

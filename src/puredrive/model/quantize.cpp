@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "puredrive/checkpoint/affine.h"
-#include "puredrive/model/loader.h"
 #include "puredrive/checkpoint/tensor_names.h"
+#include "puredrive/model/loader.h"
 #include "puredrive/util/mapped_file.h"
 
 namespace pd {

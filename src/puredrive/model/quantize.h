@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "puredrive/model/model_config.h"
 #include "puredrive/checkpoint/safetensors.h"
+#include "puredrive/model/model_config.h"
 #include "puredrive/util/status.h"
 
 namespace pd {

@@ -4,26 +4,46 @@ namespace pd {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: case DType::kU32: case DType::kI32: return 4;
-    case DType::kF16: case DType::kBF16: return 2;
-    case DType::kU8: case DType::kI8: case DType::kF8E4M3: case DType::kBool: return 1;
-    case DType::kI64: return 8;
+    case DType::kF32:
+    case DType::kU32:
+    case DType::kI32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kU8:
+    case DType::kI8:
+    case DType::kF8E4M3:
+    case DType::kBool:
+      return 1;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kU32: return "U32";
-    case DType::kI32: return "I32";
-    case DType::kU8: return "U8";
-    case DType::kI8: return "I8";
-    case DType::kI64: return "I64";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kBool: return "BOOL";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kU32:
+      return "U32";
+    case DType::kI32:
+      return "I32";
+    case DType::kU8:
+      return "U8";
+    case DType::kI8:
+      return "I8";
+    case DType::kI64:
+      return "I64";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
@@ -52,7 +72,10 @@ float f16_to_f32(uint16_t h) {
       out = sign;
     } else {  // subnormal: renormalise
       exp = 127 - 15 + 1;
-      while ((mant & 0x400u) == 0) { mant <<= 1; --exp; }
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
       mant &= 0x3ffu;
       out = sign | (exp << 23) | (mant << 13);
     }
@@ -88,8 +111,10 @@ float f8e4m3_to_f32(uint8_t v) {
   const int mant = v & 0x7;
   float out;
   if (exp == 0xf && mant == 0x7) return std::nanf("");
-  if (exp == 0) out = std::ldexp(static_cast<float>(mant) / 8.0f, -6);
-  else out = std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
+  if (exp == 0)
+    out = std::ldexp(static_cast<float>(mant) / 8.0f, -6);
+  else
+    out = std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
   return neg ? -out : out;
 }
 

@@ -1,4 +1,5 @@
-// Element types found in checkpoints and used by the engine, with the scalar conversions every backend shares.
+// Element types found in checkpoints and used by the engine, with the scalar conversions every backend
+// shares.
 #pragma once
 
 #include <bit>
@@ -19,7 +20,9 @@ size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 std::optional<DType> dtype_from_safetensors(std::string_view name);
 
-inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_f32(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 // Round to nearest even, as PyTorch does; NaN stays NaN.
 inline uint16_t f32_to_bf16(float f) {
@@ -29,7 +32,9 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+inline float round_to_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);

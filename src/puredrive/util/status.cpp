@@ -4,15 +4,24 @@ namespace pd {
 
 const char* error_code_name(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kOk: return "ok";
-    case ErrorCode::kInvalidArgument: return "invalid argument";
-    case ErrorCode::kNotFound: return "not found";
-    case ErrorCode::kCorrupt: return "corrupt";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kOutOfMemory: return "out of memory";
-    case ErrorCode::kIo: return "i/o error";
-    case ErrorCode::kInternal: return "internal error";
-    case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kOk:
+      return "ok";
+    case ErrorCode::kInvalidArgument:
+      return "invalid argument";
+    case ErrorCode::kNotFound:
+      return "not found";
+    case ErrorCode::kCorrupt:
+      return "corrupt";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kOutOfMemory:
+      return "out of memory";
+    case ErrorCode::kIo:
+      return "i/o error";
+    case ErrorCode::kInternal:
+      return "internal error";
+    case ErrorCode::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }

@@ -52,7 +52,7 @@ Status make_error(ErrorCode code, fmt::format_string<Args...> f, Args&&... args)
 template <typename T>
 class [[nodiscard]] Expected {
  public:
-  Expected(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Expected(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Expected(Status status) : v_(std::move(status)) {  // NOLINT
     assert(!std::get<Status>(v_).is_ok() && "Expected constructed from an OK status");
   }
@@ -80,9 +80,9 @@ class [[nodiscard]] Expected {
 #define PD_CONCAT(a, b) PD_CONCAT_INNER(a, b)
 
 // Propagate a failed Status.
-#define PD_TRY(expr)                         \
-  do {                                       \
-    ::pd::Status pd_try_status_ = (expr);    \
+#define PD_TRY(expr)                                    \
+  do {                                                  \
+    ::pd::Status pd_try_status_ = (expr);               \
     if (!pd_try_status_.is_ok()) return pd_try_status_; \
   } while (0)
 
@@ -94,8 +94,8 @@ class [[nodiscard]] Expected {
   lhs = std::move(tmp).value()
 
 // Programmer invariants (never bad input). Always on.
-#define PD_ASSERT(cond, ...) \
-  do {                       \
+#define PD_ASSERT(cond, ...)                                                                  \
+  do {                                                                                        \
     if (!(cond)) ::pd::assert_fail(#cond, __FILE__, __LINE__, ::fmt::format("" __VA_ARGS__)); \
   } while (0)
 
