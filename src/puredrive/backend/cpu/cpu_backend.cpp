@@ -9,45 +9,21 @@
 
 #include "puredrive/backend/cpu/cpu_ops.h"
 #include "puredrive/backend/cpu/kernels.h"
+#include "puredrive/backend/validate.h"
 #include "puredrive/util/thread_pool.h"
 
 namespace pd {
 namespace {
 
-// ---- Argument validation: every failure names the op, the argument, what was expected and what was found.
+// ---- Argument validation (backend/validate.h), in CPU memory.
 
 Status check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype, int64_t rows,
                     int64_t cols) {
-  if (t.empty()) return make_error(ErrorCode::kInvalidArgument, "{}: {} is empty", op, arg);
-  if (t.device != Device::kCpu)
-    return make_error(ErrorCode::kInvalidArgument, "{}: {} is not CPU memory", op, arg);
-  if (t.dtype != dtype) {
-    return make_error(ErrorCode::kInvalidArgument, "{}: {} has dtype {}, expected {}", op, arg,
-                      dtype_name(t.dtype), dtype_name(dtype));
-  }
-  if ((rows >= 0 && t.rows != rows) || (cols >= 0 && t.cols != cols)) {
-    return make_error(ErrorCode::kInvalidArgument, "{}: {} is [{}, {}], expected [{}, {}]", op, arg, t.rows,
-                      t.cols, rows, cols);
-  }
-  if (t.stride < t.cols) {
-    return make_error(ErrorCode::kInvalidArgument, "{}: {} has row stride {} < cols {}", op, arg, t.stride,
-                      t.cols);
-  }
-  return Status::ok();
+  return check_tensor_on(Device::kCpu, op, arg, t, dtype, rows, cols);
 }
 
 Status check_kv(const char* op, const char* arg, const Tensor& t, int64_t cols) {
-  if (t.empty()) return make_error(ErrorCode::kInvalidArgument, "{}: {} is empty", op, arg);
-  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16) {
-    return make_error(ErrorCode::kInvalidArgument, "{}: {} has dtype {}, expected F32 or BF16", op, arg,
-                      dtype_name(t.dtype));
-  }
-  if (t.cols != cols || !t.contiguous()) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "{}: {} is [{}, {}] (stride {}), expected contiguous [T, {}]", op, arg, t.rows, t.cols,
-                      t.stride, cols);
-  }
-  return Status::ok();
+  return check_kv_layout(op, arg, t, cols);
 }
 
 Status check_positions(const char* op, const Tensor& positions, int64_t rows, int64_t capacity) {
@@ -57,42 +33,6 @@ Status check_positions(const char* op, const Tensor& positions, int64_t rows, in
     if (p < 0 || p >= capacity) {
       return make_error(ErrorCode::kInvalidArgument, "{}: position {} of row {} is outside the cache [0, {})",
                         op, p, r, capacity);
-    }
-  }
-  return Status::ok();
-}
-
-Status check_matrix(const char* op, const Matrix& m, int64_t rows, int64_t cols) {
-  if ((rows >= 0 && m.rows != rows) || (cols >= 0 && m.cols != cols)) {
-    return make_error(ErrorCode::kInvalidArgument, "{}: weight {} is [{}, {}], expected [{}, {}]", op, m.name,
-                      m.rows, m.cols, rows, cols);
-  }
-  return Status::ok();
-}
-
-Status validate_matrix(const Matrix& m) {
-  if (m.empty() || m.rows <= 0 || m.cols <= 0) {
-    return make_error(ErrorCode::kInvalidArgument, "bind_matrix: {} is empty ([{}, {}])", m.name, m.rows,
-                      m.cols);
-  }
-  if (m.format == WeightFormat::kAffine) {
-    if (m.bits < 2 || m.bits > 8) {
-      return make_error(ErrorCode::kUnsupported, "bind_matrix: {} has {} bits, supported 2..8", m.name,
-                        m.bits);
-    }
-    if (m.group_size <= 0 || m.group_size % 32 != 0 || m.cols % m.group_size != 0) {
-      return make_error(
-          ErrorCode::kUnsupported,
-          "bind_matrix: {} has group size {} for {} columns; need a multiple of 32 dividing the columns",
-          m.name, m.group_size, m.cols);
-    }
-    if (m.scales == nullptr || m.biases == nullptr) {
-      return make_error(ErrorCode::kInvalidArgument, "bind_matrix: {} is affine but has no scales/biases",
-                        m.name);
-    }
-    if (m.scale_dtype != DType::kBF16 && m.scale_dtype != DType::kF16 && m.scale_dtype != DType::kF32) {
-      return make_error(ErrorCode::kUnsupported, "bind_matrix: {} has scales of dtype {}", m.name,
-                        dtype_name(m.scale_dtype));
     }
   }
   return Status::ok();
@@ -375,7 +315,7 @@ Expected<MoeId> CpuBackend::bind_moe(const MoeWeights& w, const MoeSpec& spec) {
   const int64_t hidden = w.gate.cols;
   const int64_t inter = w.gate_proj[0].rows;
   PD_TRY(validate_matrix(w.gate));
-  PD_TRY(check_matrix("bind_moe", w.gate, static_cast<int64_t>(num_experts), hidden));
+  PD_TRY(check_matrix_shape("bind_moe", w.gate, static_cast<int64_t>(num_experts), hidden));
   if (spec.num_experts_per_tok <= 0 || spec.num_experts_per_tok > static_cast<int>(num_experts)) {
     return make_error(ErrorCode::kInvalidArgument, "bind_moe: num_experts_per_tok {} with {} experts",
                       spec.num_experts_per_tok, num_experts);
@@ -384,19 +324,19 @@ Expected<MoeId> CpuBackend::bind_moe(const MoeWeights& w, const MoeSpec& spec) {
     PD_TRY(validate_matrix(w.gate_proj[e]));
     PD_TRY(validate_matrix(w.up_proj[e]));
     PD_TRY(validate_matrix(w.down_proj[e]));
-    PD_TRY(check_matrix("bind_moe", w.gate_proj[e], inter, hidden));
-    PD_TRY(check_matrix("bind_moe", w.up_proj[e], inter, hidden));
-    PD_TRY(check_matrix("bind_moe", w.down_proj[e], hidden, inter));
+    PD_TRY(check_matrix_shape("bind_moe", w.gate_proj[e], inter, hidden));
+    PD_TRY(check_matrix_shape("bind_moe", w.up_proj[e], inter, hidden));
+    PD_TRY(check_matrix_shape("bind_moe", w.down_proj[e], hidden, inter));
   }
   const int64_t shared = w.shared_gate_proj.rows;
   for (const Matrix* m :
        {&w.shared_gate_proj, &w.shared_up_proj, &w.shared_down_proj, &w.shared_expert_gate}) {
     PD_TRY(validate_matrix(*m));
   }
-  PD_TRY(check_matrix("bind_moe", w.shared_gate_proj, shared, hidden));
-  PD_TRY(check_matrix("bind_moe", w.shared_up_proj, shared, hidden));
-  PD_TRY(check_matrix("bind_moe", w.shared_down_proj, hidden, shared));
-  PD_TRY(check_matrix("bind_moe", w.shared_expert_gate, 1, hidden));
+  PD_TRY(check_matrix_shape("bind_moe", w.shared_gate_proj, shared, hidden));
+  PD_TRY(check_matrix_shape("bind_moe", w.shared_up_proj, shared, hidden));
+  PD_TRY(check_matrix_shape("bind_moe", w.shared_down_proj, hidden, shared));
+  PD_TRY(check_matrix_shape("bind_moe", w.shared_expert_gate, 1, hidden));
   cpu::BoundMoe b;
   b.w = w;
   b.spec = spec;
