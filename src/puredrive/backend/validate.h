@@ -85,4 +85,39 @@ inline Status validate_matrix(const Matrix& m) {
   return Status::ok();
 }
 
+// An MoE block's weights (backend.h MoeWeights): matching expert counts, every matrix accepted by
+// validate_one (the backend's matrix check) and shaped by the router's width and the experts' widths.
+inline Status validate_moe(const MoeWeights& w, const MoeSpec& spec, Status (*validate_one)(const Matrix&)) {
+  const size_t num_experts = w.gate_proj.size();
+  if (num_experts == 0 || w.up_proj.size() != num_experts || w.down_proj.size() != num_experts) {
+    return make_error(ErrorCode::kInvalidArgument, "bind_moe: {} gate, {} up and {} down expert matrices",
+                      w.gate_proj.size(), w.up_proj.size(), w.down_proj.size());
+  }
+  const int64_t hidden = w.gate.cols;
+  const int64_t inter = w.gate_proj[0].rows;
+  PD_TRY(validate_one(w.gate));
+  PD_TRY(check_matrix_shape("bind_moe", w.gate, static_cast<int64_t>(num_experts), hidden));
+  if (spec.num_experts_per_tok <= 0 || spec.num_experts_per_tok > static_cast<int>(num_experts)) {
+    return make_error(ErrorCode::kInvalidArgument, "bind_moe: num_experts_per_tok {} with {} experts",
+                      spec.num_experts_per_tok, num_experts);
+  }
+  for (size_t e = 0; e < num_experts; ++e) {
+    PD_TRY(validate_one(w.gate_proj[e]));
+    PD_TRY(validate_one(w.up_proj[e]));
+    PD_TRY(validate_one(w.down_proj[e]));
+    PD_TRY(check_matrix_shape("bind_moe", w.gate_proj[e], inter, hidden));
+    PD_TRY(check_matrix_shape("bind_moe", w.up_proj[e], inter, hidden));
+    PD_TRY(check_matrix_shape("bind_moe", w.down_proj[e], hidden, inter));
+  }
+  const int64_t shared = w.shared_gate_proj.rows;
+  for (const Matrix* m :
+       {&w.shared_gate_proj, &w.shared_up_proj, &w.shared_down_proj, &w.shared_expert_gate}) {
+    PD_TRY(validate_one(*m));
+  }
+  PD_TRY(check_matrix_shape("bind_moe", w.shared_gate_proj, shared, hidden));
+  PD_TRY(check_matrix_shape("bind_moe", w.shared_up_proj, shared, hidden));
+  PD_TRY(check_matrix_shape("bind_moe", w.shared_down_proj, hidden, shared));
+  return check_matrix_shape("bind_moe", w.shared_expert_gate, 1, hidden);
+}
+
 }  // namespace pd
