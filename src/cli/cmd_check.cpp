@@ -27,7 +27,7 @@ namespace {
 
 struct CheckArgs {
   std::string model;
-  std::string backend = "cpu";
+  std::string backend = "auto";
   int threads = 0;
   int tokens = 256;
   int samples = 20000;
@@ -318,7 +318,8 @@ void setup_check(CLI::App& app) {
   auto a = std::make_shared<CheckArgs>();
   auto* cmd = app.add_subcommand("check", "Exactness gates: row exactness, MTP on == off, chi-square");
   cmd->add_option("--model", a->model, "Model directory")->required();
-  cmd->add_option("--backend", a->backend, "cpu or cuda");
+  cmd->add_option("--backend", a->backend, "auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
+      ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--tokens", a->tokens, "Generated tokens per identity run")->check(CLI::Range(8, 1 << 16));
   cmd->add_option("--samples", a->samples, "Speculative samples per chi-square test")

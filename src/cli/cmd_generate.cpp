@@ -38,9 +38,9 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool stats = false, stream = false, json = false;
-  std::string backend = "cpu";
+  std::string backend = "auto";
   int threads = 0;
-  int ctx_size = 4096;
+  int ctx_size = 0;  // 0: from the model and the memory (ModelSession)
   int prefill_chunk = 64;
   std::string kv_dtype = "bf16";
   std::string logits_out;
@@ -178,9 +178,10 @@ void run_generate(const GenerateArgs& a) {
     fmt::print(stderr, "puredrive generate: {} has no MTP head; decoding without speculation\n", a.model);
   }
   std::vector<int32_t> prompt = value_or_fail(prompt_tokens(a, *s));
-  if (static_cast<int64_t>(prompt.size()) + a.max_tokens > a.ctx_size) {
-    fail(make_error(ErrorCode::kInvalidArgument, "prompt ({} tokens) + -n {} exceeds --ctx-size {}",
-                    prompt.size(), a.max_tokens, a.ctx_size));
+  if (static_cast<int64_t>(prompt.size()) + a.max_tokens > s->plan.ctx_size) {
+    fail(make_error(ErrorCode::kInvalidArgument,
+                    "prompt ({} tokens) + -n {} exceeds the context of {} tokens", prompt.size(),
+                    a.max_tokens, s->plan.ctx_size));
   }
   DecodeRequest req = value_or_fail(make_request(a, *s, std::move(prompt)));
   if (no_mtp) req.num_draft = 0;
@@ -292,9 +293,14 @@ void setup_generate(CLI::App& app) {
   cmd->add_flag("--stats", a->stats, "Print acceptance and timing statistics to stderr");
   cmd->add_flag("--stream", a->stream, "Print text as it is generated");
   cmd->add_flag("--json", a->json, "Print ids, text and statistics as JSON");
-  cmd->add_option("--backend", a->backend, "cpu or cuda");
+  cmd->add_option("--backend", a->backend, "auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
+      ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
-  cmd->add_option("--ctx-size", a->ctx_size, "KV cache capacity in tokens")->check(CLI::Range(2, 1 << 24));
+  cmd->add_option("--ctx-size", a->ctx_size,
+                  "KV cache capacity in tokens; 0: the model's max_position_embeddings, or the largest that "
+                  "fits in memory")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
   cmd->add_option("--prefill-chunk", a->prefill_chunk, "Rows per prefill step")->check(CLI::Range(1, 4096));
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache dtype")->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_option("--logits-out", a->logits_out, "Write the raw logits of the last token as float32");

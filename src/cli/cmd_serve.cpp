@@ -37,10 +37,10 @@ struct ServeArgs {
   int port = 8000;
   std::string api_key;
   std::string model_alias;
-  int ctx_size = 4096;
+  int ctx_size = 0;  // 0: from the model and the memory (ModelSession)
   int mtp_draft = 2;
   int max_queue = 32;
-  std::string backend = "cpu";
+  std::string backend = "auto";
   int threads = 0;
   int http_threads = 64;
   int read_timeout = 10;
@@ -65,10 +65,13 @@ struct Served {
   server::Frontend frontend;
 };
 
+// The fake engine has no model to size its context from.
+constexpr int kFakeContext = 4096;
+
 Served load_fake(const ServeArgs& a) {
   FakeServed fake =
       fake_serve_factory()({.model_id = a.model_alias,
-                            .context_size = a.ctx_size,
+                            .context_size = a.ctx_size > 0 ? a.ctx_size : kFakeContext,
                             .mtp_draft = a.mtp_draft,
                             .token_delay = std::chrono::milliseconds(a.fake_token_delay_ms),
                             .prefill_delay = std::chrono::milliseconds(a.fake_prefill_delay_ms)});
@@ -103,7 +106,7 @@ Served load_model(const ServeArgs& a) {
       take(server::ModelPromptBuilder::load(a.model, *m.tokenizer, m.defaults.eos_token_ids, vocab));
   s.frontend = server::Frontend{prompts, std::make_shared<server::ModelOutputParser>()};
   server::EngineInfo info{.model_id = a.model_alias,
-                          .context_size = a.ctx_size,
+                          .context_size = static_cast<int>(m.plan.ctx_size),
                           .vocab_size = vocab,
                           .mtp_draft = m.generator->has_drafter() ? a.mtp_draft : 0,
                           .backend = m.backend->name()};
@@ -126,7 +129,9 @@ void run_serve(const ServeArgs& args) {
     if (a.model_alias.empty())
       a.model_alias = std::filesystem::path(a.model).parent_path().filename().string();
   }
-  if (a.ctx_size < 2) fail(fmt::format("--ctx-size must be at least 2, got {}", a.ctx_size));
+  if (a.ctx_size != 0 && a.ctx_size < 2) {
+    fail(fmt::format("--ctx-size must be at least 2 (0: from the model), got {}", a.ctx_size));
+  }
   if (a.max_queue < 1) fail(fmt::format("--max-queue must be at least 1, got {}", a.max_queue));
   if (a.mtp_draft < 0) fail(fmt::format("--mtp-draft must be >= 0, got {}", a.mtp_draft));
   if (a.http_threads < 2) fail(fmt::format("--http-threads must be at least 2, got {}", a.http_threads));
@@ -201,14 +206,16 @@ void setup_serve(CLI::App& app) {
   cmd->add_option("--api-key", args->api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--model-alias", args->model_alias,
                   "Model name for clients (default: the directory's name)");
-  cmd->add_option("--ctx-size", args->ctx_size, "Context size in tokens (prompt + completion)")
+  cmd->add_option("--ctx-size", args->ctx_size,
+                  "Context size in tokens (prompt + completion); 0: the model's max_position_embeddings, or "
+                  "the largest that fits in memory")
       ->capture_default_str();
   cmd->add_option("--mtp-draft", args->mtp_draft, "MTP draft length k (0: no speculation)")
       ->capture_default_str();
   cmd->add_option("--max-queue", args->max_queue, "Requests that may wait for the engine; more get 503")
       ->capture_default_str();
-  cmd->add_option("--backend", args->backend, "cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+  cmd->add_option("--backend", args->backend, "auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "CPU threads for the engine (0: all cores)")
       ->capture_default_str();

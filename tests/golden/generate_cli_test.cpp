@@ -71,19 +71,43 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateCli, ::testing::ValuesIn(golden::fixt
                          });
 
 TEST(GenerateCliErrors, PlanLargerThanMemoryIsRefused) {
-  // config.json of the real Qwen3.5-35B-A3B without weights: ~66 GiB of bf16 weights.
+  // config.json of the real Qwen3.5-35B-A3B without weights: ~66 GiB of bf16 weights, so the default
+  // context cannot help; the error comes from config.json before any weight would be mapped.
   const CliRun r = run(fmt::format("generate --model {}/configs/qwen3.5-35b-a3b --prompt-ids 1,2 -n 4",
                                    golden::fixtures_dir()));
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("the plan needs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the weights alone need"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("available"), std::string::npos) << r.out;
 }
 
-TEST(GenerateCliErrors, BadPromptIds) {
+TEST(GenerateCliErrors, ExplicitContextLargerThanMemoryIsRefused) {
   const CliRun r =
-      run(fmt::format("generate --model {}/qwen35-text-f32 --prompt-ids 1,x,3 -n 4", golden::fixtures_dir()));
+      run(fmt::format("generate --model {}/configs/qwen3.5-35b-a3b --prompt-ids 1,2 -n 4 --ctx-size 262144",
+                      golden::fixtures_dir()));
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("'x' is not a token id"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the plan needs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--ctx-size 262144"), std::string::npos) << r.out;
+}
+
+TEST(GenerateCliDefaults, AutoBackendAndContextFromTheModel) {
+  const std::string dir = golden::fixtures_dir() + "/tiny-coder";
+  auto config = load_model_config(dir);
+  ASSERT_TRUE(config.has_value()) << config.status().message();
+  ASSERT_EQ(config->max_position_embeddings, 32768);
+  // No --backend, no --ctx-size: auto picks the CPU in a build without CUDA, and the tiny model's full
+  // context fits in any machine that runs the tests.
+  const CliRun r = run(fmt::format("generate --model {} --prompt-ids 1,2 -n 2 --temp 0 --json", dir));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("memory plan: weights "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(32768 tokens)"), std::string::npos) << r.out;
+  const size_t brace = r.out.rfind("\n{");
+  const nlohmann::json j = nlohmann::json::parse(r.out.substr(brace == std::string::npos ? 0 : brace + 1));
+  // The backend's name carries its details, "cpu (2 threads, avx2+fma)".
+  const std::string backend = j.at("backend").get<std::string>();
+  EXPECT_NE(r.out.find("backend: " + backend + " (--backend auto)"), std::string::npos) << r.out;
+#ifndef PD_HAVE_CUDA
+  EXPECT_EQ(backend.substr(0, 4), "cpu ");  // a build without CUDA has nothing else to pick
+#endif
 }
 
 }  // namespace

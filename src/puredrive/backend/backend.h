@@ -265,7 +265,7 @@ struct ArgmaxArgs {
 };
 
 struct BackendOptions {
-  std::string name = "cpu";  // "cpu" | "cuda"
+  std::string name = "cpu";  // "cpu" | "cuda" | "auto"
   int threads = 0;           // CPU worker threads, <= 0: all cores
   // CPU: jobs under this many multiply-adds run on the calling thread (0: always split; tests use it to
   // exercise the partition). Never changes results.
@@ -323,8 +323,9 @@ class Backend {
   virtual Status argmax(const ArgmaxArgs& args) = 0;
 };
 
-// Creates the backend named in options ("cpu", or "cuda" when built with CUDA). Unknown or unavailable
-// names are an error that lists the available backends.
+// Creates the backend named in options ("cpu", or "cuda" when built with CUDA; "auto": CUDA when built with
+// it and a device is usable, else the CPU). Unknown or unavailable names are an error that lists the
+// available backends.
 Expected<std::unique_ptr<Backend>> create_backend(const BackendOptions& options);
 
 // Names of the backends compiled into this binary.

@@ -1,7 +1,8 @@
 // ModelSession: everything `generate`, `check` and `serve` load from a model directory, in dependency order:
-// checkpoint (mapped weights) -> backend -> model -> tokenizer (when tokenizer.json exists) -> generation
-// defaults (EOS ids, sampling) -> generator. The memory plan is checked from config.json before any weight
-// is mapped, and again with the real weights.
+// backend -> checkpoint (mapped weights) -> model -> tokenizer (when tokenizer.json exists) -> generation
+// defaults (EOS ids, sampling) -> generator. The backend comes first because its available memory sizes
+// the context: the memory plan is computed from config.json before any weight is mapped, and again with
+// the real weights. The chosen backend and the plan are logged.
 #pragma once
 
 #include <memory>
@@ -12,6 +13,7 @@
 #include "puredrive/decode/generator.h"
 #include "puredrive/decode/model_defaults.h"
 #include "puredrive/model/loader.h"
+#include "puredrive/model/memory_plan.h"
 #include "puredrive/model/model.h"
 #include "puredrive/tokenizer/tokenizer.h"
 
@@ -19,9 +21,9 @@ namespace pd {
 
 struct SessionOptions {
   std::string model_dir;
-  std::string backend = "cpu";
-  int threads = 0;  // CPU threads, <= 0: all cores
-  int ctx_size = 4096;
+  std::string backend = "auto";  // "auto": CUDA when a device is usable, else the CPU
+  int threads = 0;               // CPU threads, <= 0: all cores
+  int ctx_size = 0;              // 0: max_position_embeddings, or the largest context that fits
   DType kv_dtype = DType::kBF16;
   int prefill_chunk = 64;  // rows per prefill step (the model's max rows is at least max_draft + 1)
   int max_draft = 4;
@@ -35,6 +37,7 @@ struct ModelSession {
   std::optional<Tokenizer> tokenizer;
   GenerationDefaults defaults;
   std::unique_ptr<Generator> generator;
+  MemoryPlan plan;  // plan.ctx_size is the context the generator holds
 
   static Expected<std::unique_ptr<ModelSession>> open(const SessionOptions& options);
 };

@@ -250,6 +250,58 @@ Expected<int64_t> available_memory_bytes() {
   return make_error(ErrorCode::kIo, "/proc/meminfo: no MemAvailable line");
 }
 
+Expected<MemoryPlan> plan_context(const ModelConfig& c, const ModelWeights* weights, int64_t requested,
+                                  int64_t available, const std::string& where) {
+  constexpr int64_t kMinContext = 2;
+  if (requested != 0 && requested < kMinContext) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--ctx-size must be at least {} (0: from the model), got {}", kMinContext, requested);
+  }
+  if (requested > 0) {
+    MemoryPlan plan = plan_memory(c, weights, requested);
+    PD_TRY(check_memory_fits(plan, available, where));
+    return plan;
+  }
+  const int64_t max_context = c.max_position_embeddings;
+  if (max_context < kMinContext) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: config.json gives no max_position_embeddings to size the context; pass --ctx-size",
+                      where);
+  }
+  MemoryPlan plan = plan_memory(c, weights, max_context);
+  if (plan.total_bytes() <= available) return plan;
+  const MemoryPlan smallest = plan_memory(c, weights, kMinContext);
+  if (smallest.total_bytes() > available) {
+    return make_error(
+        ErrorCode::kOutOfMemory,
+        "{}: the weights alone need {} (plus GDN state {}) but only {} is available; use a smaller "
+        "or quantized checkpoint",
+        where, format_bytes(static_cast<double>(smallest.weight_bytes)),
+        format_bytes(static_cast<double>(smallest.state_bytes())),
+        format_bytes(static_cast<double>(available)));
+  }
+  // Invariant: lo fits, hi does not.
+  int64_t lo = kMinContext, hi = max_context;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (plan_memory(c, weights, mid).total_bytes() <= available) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return plan_memory(c, weights, lo);
+}
+
+std::string describe_plan(const MemoryPlan& plan) {
+  return fmt::format("weights {}, KV cache {} ({} tokens), state {}, total {}{}",
+                     format_bytes(static_cast<double>(plan.weight_bytes)),
+                     format_bytes(static_cast<double>(plan.kv_bytes())), plan.ctx_size,
+                     format_bytes(static_cast<double>(plan.state_bytes())),
+                     format_bytes(static_cast<double>(plan.total_bytes())),
+                     plan.from_weights ? "" : " (estimated from config.json)");
+}
+
 Status check_memory_fits(const MemoryPlan& plan, int64_t available, const std::string& where) {
   if (plan.total_bytes() <= available) return Status::ok();
   return make_error(

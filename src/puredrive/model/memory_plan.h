@@ -74,6 +74,15 @@ Expected<int64_t> available_memory_bytes();
 // kOutOfMemory with the plan's breakdown when total_bytes() exceeds `available`.
 Status check_memory_fits(const MemoryPlan& plan, int64_t available, const std::string& where);
 
+// The plan a session runs with. `requested` > 0: that context, or kOutOfMemory when it does not fit. 0: the
+// model's max_position_embeddings when it fits, else the largest context that fits (found by planning, so
+// it stays right whatever the plan counts). kOutOfMemory naming the sizes when the weights and state alone
+// leave no room for a context of 2 tokens.
+Expected<MemoryPlan> plan_context(const ModelConfig& c, const ModelWeights* weights, int64_t requested,
+                                  int64_t available, const std::string& where);
+// "weights 1.94 GB, KV cache 2.0 GB (32768 tokens), state 1.2 MB, total ..." for startup lines.
+std::string describe_plan(const MemoryPlan& plan);
+
 // "1.94 GB", "20.0 KiB" style helpers for reports.
 std::string format_bytes(double bytes);
 std::string format_count(double n);  // "34.66B", "512.0M"

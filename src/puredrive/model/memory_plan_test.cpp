@@ -103,6 +103,74 @@ TEST(MemoryPlan, RefusesPlanBeyondAvailableMemory) {
   EXPECT_GT(*avail, 0);
 }
 
+TEST(PlanContext, DefaultIsMaxPositionEmbeddingsWhenItFits) {
+  const ModelConfig c = config("qwen3.5-35b-a3b");
+  ASSERT_EQ(c.max_position_embeddings, 262144);
+  const int64_t needed = plan_memory(c, nullptr, 262144).total_bytes();
+  auto plan = plan_context(c, nullptr, 0, needed, "qwen3.5");
+  ASSERT_TRUE(plan.has_value()) << plan.status().message();
+  EXPECT_EQ(plan->ctx_size, 262144);
+  EXPECT_EQ(plan->total_bytes(), needed);
+}
+
+TEST(PlanContext, DefaultIsLargestContextThatFits) {
+  const ModelConfig c = config("qwen3.5-35b-a3b");
+  // Expected by hand from the per-token figures: the plan grows by the KV of one token per token.
+  const MemoryPlan base = plan_memory(c, nullptr, 1);
+  const int64_t per_token = base.kv_bytes_per_token + base.mtp_kv_bytes_per_token;
+  ASSERT_GT(per_token, 1);
+  const int64_t fixed = base.weight_bytes + base.state_bytes();
+  for (const int64_t want : {int64_t{2}, int64_t{3000}, int64_t{100000}, int64_t{262143}}) {
+    const int64_t available = fixed + want * per_token + per_token - 1;  // one byte short of want + 1
+    auto plan = plan_context(c, nullptr, 0, available, "qwen3.5");
+    ASSERT_TRUE(plan.has_value()) << plan.status().message();
+    EXPECT_EQ(plan->ctx_size, want) << "available " << available;
+    EXPECT_LE(plan->total_bytes(), available);
+  }
+}
+
+TEST(PlanContext, WeightsThatDoNotFitAreAnErrorNamingTheSizes) {
+  const ModelConfig c = config("qwen3.5-35b-a3b");
+  const MemoryPlan base = plan_memory(c, nullptr, 2);
+  auto plan = plan_context(c, nullptr, 0, base.weight_bytes, "qwen3.5");
+  ASSERT_FALSE(plan.has_value());
+  EXPECT_EQ(plan.status().code(), ErrorCode::kOutOfMemory);
+  const std::string& m = plan.status().message();
+  EXPECT_NE(m.find("weights alone need " + format_bytes(static_cast<double>(base.weight_bytes))),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find(format_bytes(static_cast<double>(base.weight_bytes)) + " is available"), std::string::npos)
+      << m;
+}
+
+TEST(PlanContext, ExplicitContextIsHonouredOrRefused) {
+  const ModelConfig c = config("qwen3.5-35b-a3b");
+  const int64_t available = plan_memory(c, nullptr, 8192).total_bytes();
+  auto fits = plan_context(c, nullptr, 8192, available, "qwen3.5");
+  ASSERT_TRUE(fits.has_value()) << fits.status().message();
+  EXPECT_EQ(fits->ctx_size, 8192);
+  // Below max_position_embeddings, yet too large: never silently shrunk.
+  auto too_large = plan_context(c, nullptr, 8193, available, "qwen3.5");
+  ASSERT_FALSE(too_large.has_value());
+  EXPECT_EQ(too_large.status().code(), ErrorCode::kOutOfMemory);
+  EXPECT_NE(too_large.status().message().find("--ctx-size 8193"), std::string::npos)
+      << too_large.status().message();
+  auto one = plan_context(c, nullptr, 1, available, "qwen3.5");
+  ASSERT_FALSE(one.has_value());
+  EXPECT_EQ(one.status().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(PlanContext, NoMaxPositionEmbeddingsNeedsAnExplicitContext) {
+  ModelConfig c = config("qwen3.5-35b-a3b");
+  c.max_position_embeddings = 0;
+  auto plan = plan_context(c, nullptr, 0, int64_t{1} << 50, "qwen3.5");
+  ASSERT_FALSE(plan.has_value());
+  EXPECT_NE(plan.status().message().find("pass --ctx-size"), std::string::npos) << plan.status().message();
+  auto explicit_ctx = plan_context(c, nullptr, 4096, int64_t{1} << 50, "qwen3.5");
+  ASSERT_TRUE(explicit_ctx.has_value()) << explicit_ctx.status().message();
+  EXPECT_EQ(explicit_ctx->ctx_size, 4096);
+}
+
 TEST(MemoryPlan, MeasuredOnLoadedWeightsAgreesWithConfigEstimate) {
   testing_util::TempDir dir;
   testing_util::TinySpec spec;
