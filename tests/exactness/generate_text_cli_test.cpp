@@ -10,28 +10,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_run.h"
 #include "puredrive/chat/chat_template.h"
 #include "puredrive/tokenizer/tokenizer.h"
 
 namespace pd {
 namespace {
 
-struct CliRun {
-  int rc = -1;
-  std::string out;  // stdout (and stderr when asked)
-};
+using test::CliRun;
 
 CliRun run(const std::string& args, bool with_stderr = false) {
-  CliRun r;
-  const std::string cmd = std::string(PD_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::run_cli(args, with_stderr);
 }
 
 const std::string kModel = std::string(PD_SOURCE_DIR) + "/models/tiny-coder";

@@ -6,27 +6,16 @@
 #include <cstdio>
 #include <string>
 
+#include "cli_run.h"
 #include "golden/fixture_util.h"
 
 namespace pd {
 namespace {
 
-struct CliRun {
-  int rc = -1;
-  std::string out;  // stdout + stderr
-};
+using test::CliRun;
 
 CliRun run(const std::string& args) {
-  CliRun r;
-  const std::string cmd = std::string(PD_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::run_cli(args, true);
 }
 
 std::string join(const std::vector<int32_t>& v) {
