@@ -25,17 +25,17 @@ const char* error_type(int status) {
 
 // The parser only reports calls whose arguments are a JSON object; anything else would be a bug upstream,
 // and an empty input is the least surprising stand-in.
-Json tool_input(const std::string& arguments) {
-  Json input = Json::parse(arguments, nullptr, false);
-  return input.is_object() ? input : Json::object();
+OJson tool_input(const std::string& arguments) {
+  OJson input = OJson::parse(arguments, nullptr, false);
+  return input.is_object() ? input : OJson::object();
 }
 
-Json optional_string(const std::optional<std::string>& s) {
-  return s ? Json(*s) : Json(nullptr);
+OJson optional_string(const std::optional<std::string>& s) {
+  return s ? OJson(*s) : OJson(nullptr);
 }
 
-Json block_event(const char* type, int index) {
-  return Json{{"type", type}, {"index", index}};
+OJson block_event(const char* type, int index) {
+  return OJson{{"type", type}, {"index", index}};
 }
 
 }  // namespace
@@ -50,9 +50,9 @@ int anthropic_status(const ApiError& e) {
   return e.code == "queue_full" ? 529 : e.status;
 }
 
-Json anthropic_error_json(const ApiError& e) {
-  return Json{{"type", "error"},
-              {"error", {{"type", error_type(anthropic_status(e))}, {"message", e.message}}}};
+OJson anthropic_error_json(const ApiError& e) {
+  return OJson{{"type", "error"},
+               {"error", {{"type", error_type(anthropic_status(e))}, {"message", e.message}}}};
 }
 
 const char* anthropic_stop_reason(const GenerationResult& result, bool has_tool_calls, bool context_bound) {
@@ -63,15 +63,15 @@ const char* anthropic_stop_reason(const GenerationResult& result, bool has_tool_
   return has_tool_calls ? "tool_use" : "end_turn";
 }
 
-Json anthropic_usage_json(const GenerationStats& stats) {
-  return Json{{"input_tokens", stats.prompt_tokens - stats.cached_prompt_tokens},
-              {"output_tokens", stats.completion_tokens},
-              {"cache_read_input_tokens", stats.cached_prompt_tokens},
-              {"cache_creation_input_tokens", 0}};
+OJson anthropic_usage_json(const GenerationStats& stats) {
+  return OJson{{"input_tokens", stats.prompt_tokens - stats.cached_prompt_tokens},
+               {"output_tokens", stats.completion_tokens},
+               {"cache_read_input_tokens", stats.cached_prompt_tokens},
+               {"cache_creation_input_tokens", 0}};
 }
 
-Json message_content_json(const ParsedOutput& parsed, const std::vector<std::string>& tool_use_ids) {
-  Json blocks = Json::array();
+OJson message_content_json(const ParsedOutput& parsed, const std::vector<std::string>& tool_use_ids) {
+  OJson blocks = OJson::array();
   // The signature proves to Anthropic that it wrote the thinking; there is nothing to prove here, and
   // clients send it back unread.
   if (!parsed.reasoning_content.empty()) {
@@ -87,63 +87,67 @@ Json message_content_json(const ParsedOutput& parsed, const std::vector<std::str
   return blocks;
 }
 
-Json message_json(const MessageMeta& meta, const Json& content, const char* stop_reason,
-                  const std::optional<std::string>& stop_sequence, const GenerationStats& stats) {
-  return Json{{"id", meta.id},
-              {"type", "message"},
-              {"role", "assistant"},
-              {"model", meta.model},
-              {"content", content},
-              {"stop_reason", stop_reason ? Json(stop_reason) : Json(nullptr)},
-              {"stop_sequence", optional_string(stop_sequence)},
-              {"usage", anthropic_usage_json(stats)}};
+OJson message_json(const MessageMeta& meta, const OJson& content, const char* stop_reason,
+                   const std::optional<std::string>& stop_sequence, const GenerationStats& stats) {
+  return OJson{{"id", meta.id},
+               {"type", "message"},
+               {"role", "assistant"},
+               {"model", meta.model},
+               {"content", content},
+               {"stop_reason", stop_reason ? OJson(stop_reason) : OJson(nullptr)},
+               {"stop_sequence", optional_string(stop_sequence)},
+               {"usage", anthropic_usage_json(stats)}};
 }
 
-Json message_start_event(const MessageMeta& meta, int32_t prompt_tokens) {
+OJson message_start_event(const MessageMeta& meta, int32_t prompt_tokens) {
   GenerationStats start;
   start.prompt_tokens = prompt_tokens;
-  return Json{{"type", "message_start"},
-              {"message", message_json(meta, Json::array(), nullptr, std::nullopt, start)}};
+  return OJson{{"type", "message_start"},
+               {"message", message_json(meta, OJson::array(), nullptr, std::nullopt, start)}};
 }
 
-Json message_delta_event(const char* stop_reason, const std::optional<std::string>& stop_sequence,
-                         const GenerationStats& stats) {
-  return Json{{"type", "message_delta"},
-              {"delta", {{"stop_reason", stop_reason}, {"stop_sequence", optional_string(stop_sequence)}}},
-              {"usage", anthropic_usage_json(stats)}};
+OJson message_delta_event(const char* stop_reason, const std::optional<std::string>& stop_sequence,
+                          const GenerationStats& stats) {
+  return OJson{{"type", "message_delta"},
+               {"delta", {{"stop_reason", stop_reason}, {"stop_sequence", optional_string(stop_sequence)}}},
+               {"usage", anthropic_usage_json(stats)}};
 }
 
-Json message_stop_event() {
-  return Json{{"type", "message_stop"}};
+OJson message_stop_event() {
+  return OJson{{"type", "message_stop"}};
 }
 
-Json ping_event() {
-  return Json{{"type", "ping"}};
+OJson ping_event() {
+  return OJson{{"type", "ping"}};
 }
 
-std::string sse_event(const Json& event) {
+std::string sse_event(const OJson& event) {
   return "event: " + event.value("type", std::string("message")) + "\ndata: " + dump_json(event) + "\n\n";
 }
 
-void MessageEventBuilder::open(Block kind, Json content_block, std::vector<Json>& out) {
+std::string dump_json(const OJson& j) {
+  return j.dump(-1, ' ', false, OJson::error_handler_t::replace);
+}
+
+void MessageEventBuilder::open(Block kind, OJson content_block, std::vector<OJson>& out) {
   close(out);
-  Json e = block_event("content_block_start", next_index_);
+  OJson e = block_event("content_block_start", next_index_);
   e["content_block"] = std::move(content_block);
   out.push_back(std::move(e));
   open_ = kind;
   ++next_index_;
 }
 
-void MessageEventBuilder::close(std::vector<Json>& out) {
+void MessageEventBuilder::close(std::vector<OJson>& out) {
   if (open_ == Block::kNone) return;
   out.push_back(block_event("content_block_stop", next_index_ - 1));
   open_ = Block::kNone;
 }
 
-std::vector<Json> MessageEventBuilder::update(const ParsedOutput& parsed) {
-  std::vector<Json> out;
-  auto delta = [&](int index, Json d) {
-    Json e = block_event("content_block_delta", index);
+std::vector<OJson> MessageEventBuilder::update(const ParsedOutput& parsed) {
+  std::vector<OJson> out;
+  auto delta = [&](int index, OJson d) {
+    OJson e = block_event("content_block_delta", index);
     e["delta"] = std::move(d);
     out.push_back(std::move(e));
   };
@@ -152,16 +156,20 @@ std::vector<Json> MessageEventBuilder::update(const ParsedOutput& parsed) {
     if (d.contains("reasoning_content")) {
       if (open_ != Block::kThinking)
         open(Block::kThinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}, out);
-      delta(next_index_ - 1, {{"type", "thinking_delta"}, {"thinking", d["reasoning_content"]}});
+      delta(next_index_ - 1,
+            {{"type", "thinking_delta"}, {"thinking", d["reasoning_content"].get<std::string>()}});
     } else if (d.contains("content")) {
       if (open_ != Block::kText) open(Block::kText, {{"type", "text"}, {"text", ""}}, out);
-      delta(next_index_ - 1, {{"type", "text_delta"}, {"text", d["content"]}});
+      delta(next_index_ - 1, {{"type", "text_delta"}, {"text", d["content"].get<std::string>()}});
     } else {
       for (const Json& call : d["tool_calls"]) {
         const Json& fn = call["function"];
         if (call.contains("id")) {
           open(Block::kToolUse,
-               {{"type", "tool_use"}, {"id", call["id"]}, {"name", fn["name"]}, {"input", Json::object()}},
+               {{"type", "tool_use"},
+                {"id", call["id"].get<std::string>()},
+                {"name", fn["name"].get<std::string>()},
+                {"input", OJson::object()}},
                out);
           call_blocks_.push_back(next_index_ - 1);
         }
@@ -177,8 +185,8 @@ std::vector<Json> MessageEventBuilder::update(const ParsedOutput& parsed) {
   return out;
 }
 
-std::vector<Json> MessageEventBuilder::finish() {
-  std::vector<Json> out;
+std::vector<OJson> MessageEventBuilder::finish() {
+  std::vector<OJson> out;
   close(out);
   return out;
 }

@@ -391,6 +391,21 @@ bool read_stop_sequences(FieldReader& f, std::vector<std::string>* out) {
   return true;
 }
 
+// Structured outputs would need constrained decoding, which this server does not have: refusing them is
+// honest, ignoring them is not. The effort level is a hint and is ignored.
+bool reject_output_format(FieldReader& f) {
+  const RequestJson* config = f.find("output_config");
+  if (!config) return true;
+  if (!config->is_object()) return f.type_error("output_config", "an object");
+  if (FieldReader(*config, "output_config").has("format")) {
+    return f.fail(invalid_request(
+        "Structured outputs ('output_config.format') are not supported: this server has no constrained "
+        "decoding. Ask for JSON in the prompt instead.",
+        "output_config.format", "unsupported_parameter"));
+  }
+  return true;
+}
+
 bool read_generation_fields(FieldReader& f, MessagesRequest* out) {
   std::optional<int64_t> max_tokens;
   if (!f.get_int("max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens)) return false;
@@ -403,7 +418,8 @@ bool read_generation_fields(FieldReader& f, MessagesRequest* out) {
   if (!f.get_bool("stream", &stream)) return false;
   out->common.stream = stream.value_or(false);
   // Anthropic's temperature range is [0, 1].
-  return read_core_sampling(f, 1.0, &out->common.sampling) && read_stop_sequences(f, &out->common.stop);
+  return read_core_sampling(f, 1.0, &out->common.sampling) && read_stop_sequences(f, &out->common.stop) &&
+         reject_output_format(f);
 }
 
 }  // namespace

@@ -135,6 +135,8 @@ TEST(MessagesRequestParser, RejectsBadInputWithAnthropicErrors) {
       {"thinking budget over max_tokens",
        body_with("thinking", {{"type", "enabled"}, {"budget_tokens", 2048}}), 400, "thinking.budget_tokens",
        "invalid_value", "must be greater"},
+      {"structured output", body_with("output_config", {{"format", {{"type", "json_schema"}}}}), 400,
+       "output_config.format", "unsupported_parameter", "constrained decoding"},
       {"enable_thinking type", body_with("chat_template_kwargs", {{"enable_thinking", 1}}), 400,
        "chat_template_kwargs.enable_thinking", "invalid_type", "a boolean"},
   };
@@ -196,6 +198,7 @@ TEST(MessagesRequestParser, MapsAConversationOntoTheChatPrompt) {
       {"stream", true},
       {"metadata", {{"user_id", "u"}}},
       {"service_tier", "auto"},
+      {"output_config", {{"effort", "high"}}},
   };
   MessagesRequest req;
   auto err = parse_messages_request(body.dump(), limits(), MessagesCall::kCreate, &req);
@@ -341,6 +344,16 @@ TEST(AnthropicFormat, MessageShape) {
     "usage": {"input_tokens": 20, "output_tokens": 7, "cache_read_input_tokens": 10,
               "cache_creation_input_tokens": 0}})");
   EXPECT_EQ(j, expected);
+  // Field order as Anthropic sends it, and tool inputs in the order the model wrote them.
+  EXPECT_EQ(
+      dump_json(message_json(
+          MessageMeta{.id = "msg_1", .model = "m"},
+          message_content_json(ParsedOutput{"", "", {{"f", R"({"path": "x", "end": 1})"}}}, {"toolu_a"}),
+          "tool_use", std::nullopt, GenerationStats{})),
+      R"({"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"tool_use",)"
+      R"("id":"toolu_a","name":"f","input":{"path":"x","end":1}}],"stop_reason":"tool_use",)"
+      R"("stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0,"cache_read_input_tokens":0,)"
+      R"("cache_creation_input_tokens":0}})");
   // An empty turn has no blocks at all.
   EXPECT_EQ(message_content_json(ParsedOutput{}, {}), json::array());
   EXPECT_EQ(sse_event(message_stop_event()), "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");

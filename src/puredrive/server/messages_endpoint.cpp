@@ -87,8 +87,8 @@ Reply ApiService::stream_messages(Admitted admitted, MessagesRequest request, Pr
 
     MessageEventBuilder blocks;
     auto turn = frontend_.parser->start_turn(parse_options(req.prompt), st->prompt);
-    auto send = [&](const std::vector<Json>& events) {
-      for (const Json& e : events) {
+    auto send = [&](const std::vector<OJson>& events) {
+      for (const OJson& e : events) {
         if (!w.raw(sse_event(e))) return false;
       }
       return true;
