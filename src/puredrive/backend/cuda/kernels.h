@@ -158,6 +158,8 @@ constexpr int kGdnChunk = 64;  // rows per conv + recurrence pass (bounds the sc
 int64_t gdn_scratch_floats(int channels);
 bool gdn_supported(int k_head_dim, int v_head_dim);
 void launch_gated_delta_net(const GdnLaunch& g, cudaStream_t stream);
+// The recurrence + gated norm of rows [r0, r0 + rows) (rows <= kGdnChunk) from the conv outputs.
+void launch_gdn_recurrent(const GdnLaunch& g, int r0, int rows, const float* conv_out, cudaStream_t stream);
 
 // ---- Sparse MoE block (moe.cu) ----
 struct MoeLaunch {
@@ -182,9 +184,9 @@ struct MoeLaunch {
 };
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
 void launch_moe(const MoeLaunch& m, cudaStream_t stream);
-// The same with the device time of its phases added to ms (router products, route, gate/up, down + combine);
+// The same with the device time of its phases added to ms (router products, route + gate/up, down + combine);
 // synchronises (profiling only).
-constexpr int kMoePhases = 4;
+constexpr int kMoePhases = 3;
 void launch_moe_profiled(const MoeLaunch& m, cudaStream_t stream, double ms[kMoePhases]);
 
 // ---- Synthetic weights (synth.cu; formulas in synth_rng.h) ----

@@ -1,11 +1,12 @@
 // The sparse MoE block (backend.h MoeArgs; spec §6) per chunk of up to kMaxRows rows, with no host
 // synchronisation: the router and shared-expert gate products, then
-// 1. route (one block): fp32 softmax, top-k by (probability desc, id asc), renormalised in selection order,
-//    sorted by expert id; the list of experts any row selected, ascending, and each expert's slot per row;
-// 2. up: grid over (used expert, output rows) plus the shared expert: act = silu(x Wg^T) * (x Wu^T) for the
-//    rows that selected the expert; blocks past the number of used experts exit;
-// 3. down: the same grid over the hidden outputs: y = act Wd^T;
-// 4. combine per (row, column): ((0 + w_1 y_1) + w_2 y_2 ...) over the selected experts in ascending id, then
+// 1. up: grid over (used expert, output rows) plus the shared expert. Every routed block first routes the
+//    chunk itself (fp32 softmax, top-k by (probability desc, id asc), renormalised in selection order, sorted
+//    by expert id; the ascending list of experts any row selected): a few microseconds of redundant work per
+//    block instead of a launch of its own. Then act = silu(x Wg^T) * (x Wu^T) for the rows that selected the
+//    block's expert; blocks past the number of used experts exit;
+// 2. down and combine per (row, column), y = act Wd^T:: ((0 + w_1 y_1) + w_2 y_2 ...) over the selected
+// experts in ascending id, then
 //    + sigmoid(x . w_sg) * y_shared, as the CPU backend sums.
 // Each expert's weights are read once per chunk for all rows that use it; a row's result depends only on
 // that row.
@@ -17,11 +18,8 @@ namespace {
 struct MoeScratch {
   float* logits;  // [kMaxRows][E]
   float* sg;      // [kMaxRows]
-  int* sel;       // [kMaxRows][K], ascending expert id
+  int* sel;       // [kMaxRows][K], ascending expert id (written by the first gate/up block)
   float* wts;     // [kMaxRows][K]
-  int* slot_of;   // [E][kMaxRows]: slot of the expert in the row's selection, or -1
-  int* used;      // [E]: selected experts, ascending
-  int* count;     // [1]: number of used experts
   float* act;     // [kMaxRows][K][I]
   float* sact;    // [kMaxRows][Is]
   float* y;       // [kMaxRows][K][H]
@@ -45,9 +43,6 @@ MoeScratch carve(void* base, int E, int K, int H, int I, int Is, int64_t* total)
   s.sg = reinterpret_cast<float*>(take(int64_t{kMaxRows} * 4));
   s.sel = reinterpret_cast<int*>(take(int64_t{kMaxRows} * K * 4));
   s.wts = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * 4));
-  s.slot_of = reinterpret_cast<int*>(take(int64_t{E} * kMaxRows * 4));
-  s.used = reinterpret_cast<int*>(take(int64_t{E} * 4));
-  s.count = reinterpret_cast<int*>(take(4));
   s.act = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * I * 4));
   s.sact = reinterpret_cast<float*>(take(int64_t{kMaxRows} * Is * 4));
   s.y = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * H * 4));
@@ -146,48 +141,52 @@ inline size_t route_smem(int E, int warps) {
   return static_cast<size_t>(warps) * (static_cast<size_t>(E) + 2 * kMaxTopK) * sizeof(float);
 }
 
-// Warp r routes row r; then thread e (blockDim >= E) finds expert e's slot in each row (from a shared copy of
-// the selections) and the ascending list of experts any row selected.
-__global__ void __launch_bounds__(1024) moe_route_kernel(int E, int K, int rows, int norm, MoeScratch s) {
-  pdl_enter();
-  extern __shared__ float smem[];
-  __shared__ int s_scan[32];
-  __shared__ int s_sel[kMaxRows * kMaxTopK];
-  const int warp = static_cast<int>(threadIdx.x >> 5);
+// The route of a chunk, computed by one block: warp r routes row r, then a bitmask of the selected experts
+// gives the ascending list of used experts (a popcount scan over its words).
+constexpr int kMaxExpertWords = 32;  // experts <= 1024
+
+struct BlockRoute {
+  int sel[kMaxRows * kMaxTopK];
+  float wts[kMaxRows * kMaxTopK];
+  uint32_t bits[kMaxExpertWords];
+  int before[kMaxExpertWords];  // used experts in the words before
+  int count;
+};
+
+// Every thread of the block calls it; p: route_smem(E, kMaxRows) bytes of dynamic shared memory.
+__device__ void route_block(const float* logits, int E, int K, int rows, bool norm, float* p,
+                            BlockRoute& br) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  if (threadIdx.x < kMaxExpertWords) br.bits[threadIdx.x] = 0;
   if (warp < rows) {
-    float* p = smem + static_cast<int64_t>(warp) * (E + 2 * kMaxTopK);
-    route_row(s.logits + static_cast<int64_t>(warp) * E, E, K, norm != 0, p, reinterpret_cast<int*>(p + E),
-              p + E + kMaxTopK, s.sel + warp * K, s.wts + warp * K, s_sel + warp * K);
+    float* w = p + static_cast<int64_t>(warp) * (E + 2 * kMaxTopK);
+    route_row(logits + static_cast<int64_t>(warp) * E, E, K, norm, w, reinterpret_cast<int*>(w + E),
+              w + E + kMaxTopK, br.sel + warp * K, br.wts + warp * K, nullptr);
   }
   __syncthreads();
-  const int e = static_cast<int>(threadIdx.x);
-  // Slots and the ascending list of used experts (exclusive scan of the "used" flags).
-  int flag = 0;
-  if (e < E) {
-    for (int r = 0; r < kMaxRows; ++r) {
-      int slot = -1;
-      if (r < rows) {
-        for (int i = 0; i < K; ++i) {
-          if (s_sel[r * K + i] == e) slot = i;
-        }
-      }
-      s.slot_of[e * kMaxRows + r] = slot;
-      if (slot >= 0) flag = 1;
-    }
+  for (int t = static_cast<int>(threadIdx.x); t < rows * K; t += static_cast<int>(blockDim.x)) {
+    atomicOr(&br.bits[br.sel[t] >> 5], 1u << (br.sel[t] & 31));
   }
-  const int lane = e & 31;
-  int incl = flag;
+  __syncthreads();
+  if (warp == 0) {
+    const int c = __popc(br.bits[lane]);
+    int incl = c;
 #pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, incl, off);
-    if (lane >= off) incl += y;
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    br.before[lane] = incl - c;
+    if (lane == 31) br.count = incl;
   }
-  if (lane == 31) s_scan[warp] = incl;
   __syncthreads();
-  int before = 0;
-  for (int w = 0; w < warp; ++w) before += s_scan[w];
-  if (flag != 0) s.used[before + incl - 1] = e;
-  if (e == static_cast<int>(blockDim.x) - 1) *s.count = before + incl;
+}
+
+// The expert of used slot u (< br.count), ascending.
+__device__ __forceinline__ int used_expert(const BlockRoute& br, int u) {
+  int w = 0;
+  while (w + 1 < kMaxExpertWords && br.before[w + 1] <= u) ++w;
+  return 32 * w + static_cast<int>(__fns(br.bits[w], 0, u - br.before[w] + 1));
 }
 
 __device__ __forceinline__ void expert_ptrs(const DevMatrix& m, int e, const void** d, const void** sc,
@@ -207,24 +206,47 @@ __device__ __forceinline__ void expert_ptrs(const DevMatrix& m, int e, const voi
 template <int FMT, int BITS, int NR>
 __global__ void __launch_bounds__(kBlock)
     moe_up_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, int umax, int first, MoeScratch s) {
-  pdl_enter();
+  extern __shared__ float route_p[];
+  __shared__ BlockRoute br;
   const int u = first + static_cast<int>(blockIdx.x);
   const bool shared = u == umax;
-  int e = 0;
-  if (!shared) {
-    if (u >= *s.count) return;
-    e = s.used[u];
-  }
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t n = static_cast<int64_t>(blockIdx.y) * (kBlock / 32) + (threadIdx.x >> 5);
   const int64_t width = shared ? m.shared_inter : m.inter;
+  pdl_launch_dependents();
+  if (shared && n < width) {
+    prefetch_row_l2(m.sh_gate, m.sh_gate.data, n, lane);
+    prefetch_row_l2(m.sh_up, m.sh_up.data, n, lane);
+  }
+  pdl_wait();
+  int e = 0;
+  if (!shared) {
+    route_block(s.logits, m.experts, m.top_k, rows, m.norm_topk, route_p, br);
+    if (u == 0 && blockIdx.y == 0) {
+      for (int t = static_cast<int>(threadIdx.x); t < rows * m.top_k; t += kBlock) {
+        s.sel[t] = br.sel[t];
+        s.wts[t] = br.wts[t];
+      }
+    }
+    if (u >= br.count) return;
+    e = used_expert(br, u);
+  }
   if (n >= width) return;
   int slot[NR];
   uint32_t mask = 0;
   const float* xr[NR];
 #pragma unroll
   for (int r = 0; r < NR; ++r) {
-    slot[r] = r < rows ? (shared ? 0 : s.slot_of[e * kMaxRows + r]) : -1;
+    slot[r] = -1;
+    if (r < rows) {
+      if (shared) {
+        slot[r] = 0;
+      } else {
+        for (int i = 0; i < m.top_k; ++i) {
+          if (br.sel[r * m.top_k + i] == e) slot[r] = i;
+        }
+      }
+    }
     if (slot[r] >= 0) mask |= 1u << r;
     xr[r] = x + r * xs;
   }
@@ -261,8 +283,8 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 // Products of output row n of G matrices of one format (the down projections of G experts) with G inputs,
-// lane-chunk order as dot_rows, so each result is bitwise what dot_rows gives; the loads of all G matrices
-// are issued before their products.
+// in the 8-column lane-chunk order of dot_rows; the loads of all G matrices are issued before their
+// products.
 template <int FMT, int BITS, int G>
 __device__ __forceinline__ void dot_group(const DevMatrix& m, const void* const data[G],
                                           const void* const scales[G], const void* const biases[G], int64_t n,
@@ -301,10 +323,10 @@ __device__ __forceinline__ void dot_group(const DevMatrix& m, const void* const 
 // expert, and writes (or adds) the result. Each y is the warp-summed product of dot_rows' order, so the sums
 // equal those of separate down and combine kernels, and a row's result depends on that row alone. The shared
 // expert's down product is computed here when it has the routed experts' format, else read from s.ys.
-template <int FMT, int BITS>
+// G experts' loads are in flight together: 8 (a whole top-8 selection in one round trip) or 4 for small k.
+template <int FMT, int BITS, int G>
 __global__ void __launch_bounds__(kBlock) moe_down_combine_kernel(MoeLaunch m, int rows, MoeScratch s) {
   pdl_enter();
-  constexpr int G = 4;
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t n = static_cast<int64_t>(blockIdx.x) * (kBlock / 32) + (threadIdx.x >> 5);
   if (n >= m.hidden) return;
@@ -358,8 +380,12 @@ void launch_down_combine(const MoeLaunch& m, int rows, const MoeScratch& s, cuda
     launch_gemv(m.sh_down, s.sact, m.shared_inter, s.ys, m.hidden, rows, false, stream);
   }
   with_format(m.down.fmt, m.down.bits, [&](auto f) {
-    launch_pdl(moe_down_combine_kernel<decltype(f)::kFmt, decltype(f)::kBits>, grid, dim3(kBlock), 0, stream,
-               m, rows, s);
+    constexpr int F = decltype(f)::kFmt, B = decltype(f)::kBits;
+    if (m.top_k <= 4) {
+      launch_pdl(moe_down_combine_kernel<F, B, 4>, grid, dim3(kBlock), 0, stream, m, rows, s);
+    } else {
+      launch_pdl(moe_down_combine_kernel<F, B, 8>, grid, dim3(kBlock), 0, stream, m, rows, s);
+    }
   });
 }
 
@@ -525,8 +551,6 @@ namespace {
 void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
   const MoeScratch s = carve(m.scratch, m.experts, m.top_k, m.hidden, m.inter, m.shared_inter, nullptr);
   const int up_width = m.inter > m.shared_inter ? m.inter : m.shared_inter;
-  // The route block: a warp per row, then a thread per expert.
-  const int route_threads = m.experts <= kBlock ? kBlock : (m.experts + 31) / 32 * 32;
   const size_t smem = route_smem(m.experts, kMaxRows);
   auto mark = [&](int i) {
     if (ev != nullptr) cudaEventRecord(ev[i], stream);
@@ -552,9 +576,6 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
       launch_gemv(m.shared_gate, x, m.x_stride, s.sg, 1, n, false, stream);
     }
     mark(1);
-    launch_pdl(moe_route_kernel, dim3(1), dim3(route_threads), smem, stream, m.experts, m.top_k, n,
-               m.norm_topk ? 1 : 0, s);
-    mark(2);
     const int umax = n * m.top_k < m.experts ? n * m.top_k : m.experts;
     // The routed experts and, when it shares their format, the shared expert (block umax) in one launch.
     const unsigned up_rows = grid_for(up_width, kBlock / 32);
@@ -563,23 +584,23 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
       with_rows_class(n, [&](auto nr) {
         constexpr int NR = decltype(nr)::value;
         if (g.fmt != u.fmt || g.bits != u.bits) {
-          launch_pdl(moe_up_kernel<kAnyFmt, 0, NR>, dim3(blocks, up_rows), dim3(kBlock), 0, stream, m, x,
+          launch_pdl(moe_up_kernel<kAnyFmt, 0, NR>, dim3(blocks, up_rows), dim3(kBlock), smem, stream, m, x,
                      m.x_stride, n, umax, first, s);
           return;
         }
         with_format(g.fmt, g.bits, [&](auto f) {
           launch_pdl(moe_up_kernel<decltype(f)::kFmt, decltype(f)::kBits, NR>, dim3(blocks, up_rows),
-                     dim3(kBlock), 0, stream, m, x, m.x_stride, n, umax, first, s);
+                     dim3(kBlock), smem, stream, m, x, m.x_stride, n, umax, first, s);
         });
       });
     };
     up(m.gate, m.up, static_cast<unsigned>(split ? umax : umax + 1), 0);
     if (split) up(m.sh_gate, m.sh_up, 1, umax);
-    mark(3);
+    mark(2);
     MoeLaunch chunk = m;
     chunk.out = m.out + r0 * m.out_stride;
     launch_down_combine(chunk, n, s, stream);
-    mark(4);
+    mark(3);
   }
 }
 
