@@ -312,8 +312,39 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     }
     return median(t);
   };
+  // Distinct experts per step of each width (CUDA): a verify step's rows select different experts, so its
+  // floor is its own bytes, not the one-row step's.
+  auto experts_per_step = [&](int64_t before, int64_t after) {
+    return static_cast<double>(after - before) / (a.verify_iters + 2);
+  };
+  int64_t e0 = 0, e1 = 0, e2 = 0;
+  const bool count_experts = be.device() == Device::kCuda;
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e0 = check(cuda_moe_experts_read(be));
+#endif
   const double r1 = time_rows(1);
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e1 = check(cuda_moe_experts_read(be));
+#endif
   const double rn = time_rows(a.verify_rows);
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e2 = check(cuda_moe_experts_read(be));
+#endif
+  nlohmann::json verify = {
+      {"rows", a.verify_rows}, {"r1_ms", 1e3 * r1}, {"rn_ms", 1e3 * rn}, {"ratio", rn / r1}};
+  if (count_experts) {
+    // One step's bytes with the experts it read; the R-row step also writes R GDN state snapshots.
+    const StepBytes& sb = sm.step_bytes;
+    const double expert_bytes =
+        static_cast<double>(sb.experts_active) /
+        static_cast<double>(sm.config.num_experts_per_tok * sm.config.num_hidden_layers);
+    const double x1 = experts_per_step(e0, e1), xn = experts_per_step(e1, e2);
+    const double base = static_cast<double>(sb.at_context(context) - sb.experts_active);
+    const double b1 = base + x1 * expert_bytes;
+    const double bn = base + xn * expert_bytes + static_cast<double>(a.verify_rows) * sb.gdn_state / 2;
+    verify["experts_per_step"] = {{"r1", x1}, {"rn", xn}};
+    verify["floor_ratio"] = bn / b1;
+  }
 
   // Where a decode step's device time goes: a few eager one-row steps with every op timed by events.
   nlohmann::json profile = nlohmann::json::array();
@@ -362,7 +393,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
           {"bytes_per_step", bytes},
           {"floor_tokens_per_second", floor_tps},
           {"fraction_of_floor", tps / floor_tps},
-          {"verify", {{"rows", a.verify_rows}, {"r1_ms", 1e3 * r1}, {"rn_ms", 1e3 * rn}, {"ratio", rn / r1}}},
+          {"verify", verify},
           {"cuda_graphs", graph},
           {"op_profile", profile},
           {"first_tokens", std::vector<int32_t>(generated.begin(),
@@ -457,13 +488,17 @@ void run_bench(const BenchArgs& a) {
   const nlohmann::json& cells = out["cells"];
   fmt::print("synthetic {} {} on {}, copy bandwidth {:.0f} GB/s\n", a.synth, a.quant, be.name(),
              bandwidth / 1e9);
-  fmt::print("{:>8} {:>12} {:>11} {:>11} {:>8} {:>14} {:>16}\n", "context", "prefill t/s", "decode t/s",
-             "floor t/s", "%floor", "step ms med", "verify R=" + std::to_string(a.verify_rows) + "/R=1");
+  fmt::print("{:>8} {:>12} {:>11} {:>11} {:>8} {:>14} {:>16} {:>12}\n", "context", "prefill t/s",
+             "decode t/s", "floor t/s", "%floor", "step ms med",
+             "verify R=" + std::to_string(a.verify_rows) + "/R=1", "bytes ratio");
   for (const nlohmann::json& c : cells) {
-    fmt::print("{:>8} {:>12.1f} {:>11.1f} {:>11.1f} {:>7.1f}% {:>14.3f} {:>16.2f}\n", c["context"].get<int>(),
-               c["prefill_tokens_per_second"].get<double>(), c["decode_tokens_per_second"].get<double>(),
-               c["floor_tokens_per_second"].get<double>(), 100.0 * c["fraction_of_floor"].get<double>(),
-               c["step_ms_median"].get<double>(), c["verify"]["ratio"].get<double>());
+    const nlohmann::json& v = c["verify"];
+    fmt::print("{:>8} {:>12.1f} {:>11.1f} {:>11.1f} {:>7.1f}% {:>14.3f} {:>16.2f} {:>12}\n",
+               c["context"].get<int>(), c["prefill_tokens_per_second"].get<double>(),
+               c["decode_tokens_per_second"].get<double>(), c["floor_tokens_per_second"].get<double>(),
+               100.0 * c["fraction_of_floor"].get<double>(), c["step_ms_median"].get<double>(),
+               v["ratio"].get<double>(),
+               v.contains("floor_ratio") ? fmt::format("{:.2f}", v["floor_ratio"].get<double>()) : "-");
   }
 }
 

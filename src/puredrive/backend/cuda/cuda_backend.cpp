@@ -198,6 +198,7 @@ class CudaBackend final : public Backend {
       if (s->ptr != nullptr) cudaFree(s->ptr);
     }
     if (staging_ != nullptr) cudaFreeHost(staging_);
+    if (experts_read_ != nullptr) cudaFree(experts_read_);
     if (step_done_ != nullptr) cudaEventDestroy(step_done_);
     if (graph_start_ != nullptr) cudaEventDestroy(graph_start_);
     if (graph_end_ != nullptr) cudaEventDestroy(graph_end_);
@@ -230,12 +231,20 @@ class CudaBackend final : public Backend {
     PD_CUDA_TRY(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PD_CUDA_TRY(cudaEventCreate(&graph_start_));
     PD_CUDA_TRY(cudaEventCreate(&graph_end_));
+    PD_CUDA_TRY(cudaMalloc(&experts_read_, sizeof(unsigned long long)));
+    PD_CUDA_TRY(cudaMemset(experts_read_, 0, sizeof(unsigned long long)));
     const char* env = std::getenv("PD_CUDA_GRAPHS");
     graphs_enabled_ = env == nullptr || std::string(env) != "0";
     return Status::ok();
   }
 
   const CudaDeviceInfo& info() const { return info_; }
+  Expected<int64_t> experts_read() {
+    PD_TRY(flush_for_host());
+    unsigned long long v = 0;
+    PD_CUDA_TRY(cudaMemcpy(&v, experts_read_, sizeof v, cudaMemcpyDeviceToHost));
+    return static_cast<int64_t>(v);
+  }
   CudaStepStats stats() const {
     CudaStepStats s = stats_;
     s.cached_graphs = static_cast<int64_t>(graphs_.size());
@@ -919,6 +928,7 @@ class CudaBackend final : public Backend {
 
   static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
   Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_;
+  unsigned long long* experts_read_ = nullptr;  // distinct experts read by decode MoE chunks, ever
   std::vector<void*> retired_device_;
   std::vector<uint8_t*> retired_host_;
 
@@ -1125,6 +1135,7 @@ Status CudaBackend::moe(const MoeArgs& a) {
   l.accumulate = a.accum == Accum::kAdd;
   l.rows = static_cast<int>(a.x.rows);
   l.scratch = scr;
+  l.experts_read = experts_read_;
   sig_.add(OpTag::kMoe);
   sig_.add(a.moe.index);
   sig_.add(static_cast<int32_t>(a.accum));
@@ -1213,6 +1224,12 @@ std::optional<CudaDeviceInfo> cuda_device_info(const Backend& backend) {
   const auto* b = dynamic_cast<const CudaBackend*>(&backend);
   if (b == nullptr) return std::nullopt;
   return b->info();
+}
+
+Expected<int64_t> cuda_moe_experts_read(Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  if (b == nullptr) return make_error(ErrorCode::kUnsupported, "not the CUDA backend");
+  return b->experts_read();
 }
 
 std::optional<CudaStepStats> cuda_step_stats(const Backend& backend) {

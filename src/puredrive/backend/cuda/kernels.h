@@ -181,6 +181,8 @@ struct MoeLaunch {
   bool accumulate = false;  // out = out + block output
   int rows = 0;
   void* scratch = nullptr;  // moe_scratch_bytes
+  // When set, the number of distinct experts each decode chunk reads is added to it (bytes accounting).
+  unsigned long long* experts_read = nullptr;
 };
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
 void launch_moe(const MoeLaunch& m, cudaStream_t stream);

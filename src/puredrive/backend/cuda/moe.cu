@@ -227,6 +227,9 @@ __global__ void __launch_bounds__(kBlock)
         s.sel[t] = br.sel[t];
         s.wts[t] = br.wts[t];
       }
+      if (threadIdx.x == 0 && m.experts_read != nullptr) {
+        atomicAdd(m.experts_read, static_cast<unsigned long long>(br.count));
+      }
     }
     if (u >= br.count) return;
     e = used_expert(br, u);
