@@ -231,7 +231,7 @@ class CudaBackend final : public Backend {
     PD_CUDA_TRY(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PD_CUDA_TRY(cudaEventCreate(&graph_start_));
     PD_CUDA_TRY(cudaEventCreate(&graph_end_));
-    PD_CUDA_TRY(cudaMalloc(&experts_read_, sizeof(unsigned long long)));
+    PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&experts_read_), sizeof(unsigned long long)));
     PD_CUDA_TRY(cudaMemset(experts_read_, 0, sizeof(unsigned long long)));
     const char* env = std::getenv("PD_CUDA_GRAPHS");
     graphs_enabled_ = env == nullptr || std::string(env) != "0";
