@@ -206,7 +206,7 @@ __device__ __forceinline__ void load_x8(const float* p, float x[8]) {
 // unchanged. (16 chunks, measured on the H200, cost more in occupancy than they gained.) NR (the rows a
 // launch handles, chosen from R) sizes the accumulators, so a one-row step does not pay registers for eight.
 // The two-matrix form reads row n of m and of m2 (an expert's gate and up) in one round trip; each result is
-// bitwise the one-matrix result. Affine rows of >= 2048 columns take the 64-code steps above.
+// bitwise the one-matrix result.
 template <int FMT>
 constexpr int dot_batch() {
   return FMT == static_cast<int>(WFmt::kF32) ? 4 : 8;
@@ -228,159 +228,10 @@ __device__ __forceinline__ void fma_chunk(const RawW8& raw, const float* const x
   }
 }
 
-// ---- Affine rows of >= 2048 columns: 64 codes per lane step ----
-// Lane l owns columns [64 s, 64 s + 64) for s = l, l + 32, ...: 8 * BITS bytes of codes in two to five wide
-// loads and one scale/bias pair per group (two when the group has 32 columns), instead of a narrow load and a
-// scale/bias pair per 8 codes. The products are summed per group in factored form, scale * sum(x q) +
-// bias * sum(x): the same value as sum(x (scale q + bias)) in real arithmetic, with fewer operations per
-// weight; the f32 roundings differ from the CPU backend's (within the golden tolerances), never across rows.
-template <int BITS>
-constexpr bool affine64_bits() {
-  return BITS == 2 || BITS == 3 || BITS == 4 || BITS == 5 || BITS == 6 || BITS == 8;
-}
-
-__device__ __forceinline__ bool affine64_ok(const DevMatrix& m, const void* data) {
-  return m.cols >= 2048 && m.cols % 64 == 0 && (m.group_size == 32 || m.group_size % 64 == 0) &&
-         (reinterpret_cast<uintptr_t>(data) & 15u) == 0;
-}
-
-template <int BITS>
-struct Codes64 {
-  uint32_t w[2 * BITS];
-  float scale[2], bias[2];  // groups of columns [0, 32) and [32, 64) of the step (equal unless 32-wide)
-};
-
-template <int BITS>
-__device__ __forceinline__ Codes64<BITS> load_codes64(const DevMatrix& m, const void* data,
-                                                      const void* scales, const void* biases, int64_t n,
-                                                      int64_t s) {
-  Codes64<BITS> c;
-  const int64_t row_bytes = m.cols * BITS / 8;
-  const uint8_t* p = static_cast<const uint8_t*>(data) + n * row_bytes + s * 8 * BITS;
-  if constexpr (BITS % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < BITS / 2; ++i) {
-      const uint4 q = __ldg(reinterpret_cast<const uint4*>(p) + i);
-      c.w[4 * i] = q.x, c.w[4 * i + 1] = q.y, c.w[4 * i + 2] = q.z, c.w[4 * i + 3] = q.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < BITS; ++i) {
-      const uint2 q = __ldg(reinterpret_cast<const uint2*>(p) + i);
-      c.w[2 * i] = q.x, c.w[2 * i + 1] = q.y;
-    }
-  }
-  const int64_t g0 = n * (m.cols / m.group_size) + (s * 64) / m.group_size;
-  const int64_t g1 = m.group_size == 32 ? g0 + 1 : g0;
-  c.scale[0] = scale_at(scales, m.scale_dtype, g0);
-  c.bias[0] = scale_at(biases, m.scale_dtype, g0);
-  c.scale[1] = scale_at(scales, m.scale_dtype, g1);
-  c.bias[1] = scale_at(biases, m.scale_dtype, g1);
-  return c;
-}
-
-// Codes [8 j, 8 j + 8) of a step as exact floats (2^23 + q read as a float, minus 2^23).
-template <int BITS, int J>
-__device__ __forceinline__ void codes8(const Codes64<BITS>& c, float q[8]) {
-  constexpr int kBit = J * 8 * BITS, kWord = kBit / 32, kOff = kBit % 32;
-  uint64_t v = c.w[kWord];
-  if constexpr (kWord + 1 < 2 * BITS) v |= static_cast<uint64_t>(c.w[kWord + 1]) << 32;
-  v >>= kOff;
-  constexpr uint32_t kMask = (1u << BITS) - 1u;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const uint32_t code = static_cast<uint32_t>(v >> (BITS * k)) & kMask;
-    q[k] = __uint_as_float(0x4B000000u | code) - 8388608.0f;
-  }
-}
-
-// acc[r] += the step's 64 products for the rows in mask (factored per 32-column half).
-template <int BITS, int NR, int J>
-__device__ __forceinline__ void fma_half_rows(const Codes64<BITS>& c, const float* const xr[NR], int64_t col,
-                                              uint32_t mask, float dq[NR], float sx[NR]) {
-  float q[8];
-  codes8<BITS, J>(c, q);
-#pragma unroll
-  for (int r = 0; r < NR; ++r) {
-    if ((mask >> r) & 1u) {
-      float x[8];
-      load_x8<true>(xr[r] + col + 8 * J, x);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        dq[r] = fmaf(x[k], q[k], dq[r]);
-        sx[r] = sx[r] + x[k];
-      }
-    }
-  }
-}
-
-template <int BITS, int NR>
-__device__ __forceinline__ void fma_step64(const Codes64<BITS>& c, const float* const xr[NR], int64_t col,
-                                           uint32_t mask, float acc[NR]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float dq[NR] = {}, sx[NR] = {};
-    if (h == 0) {
-      fma_half_rows<BITS, NR, 0>(c, xr, col, mask, dq, sx);
-      fma_half_rows<BITS, NR, 1>(c, xr, col, mask, dq, sx);
-      fma_half_rows<BITS, NR, 2>(c, xr, col, mask, dq, sx);
-      fma_half_rows<BITS, NR, 3>(c, xr, col, mask, dq, sx);
-    } else {
-      fma_half_rows<BITS, NR, 4>(c, xr, col, mask, dq, sx);
-      fma_half_rows<BITS, NR, 5>(c, xr, col, mask, dq, sx);
-      fma_half_rows<BITS, NR, 6>(c, xr, col, mask, dq, sx);
-      fma_half_rows<BITS, NR, 7>(c, xr, col, mask, dq, sx);
-    }
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-      if ((mask >> r) & 1u) acc[r] = acc[r] + (c.scale[h] * dq[r] + c.bias[h] * sx[r]);
-    }
-  }
-}
-
-// Steps of up to two matrices (an expert's gate and up) with all their loads issued first.
-template <int BITS, int NR, int M>
-__device__ __forceinline__ void dot_affine64(const DevMatrix* const ms[M], const void* const data[M],
-                                             const void* const scales[M], const void* const biases[M],
-                                             int64_t n, const float* const xr[NR], uint32_t mask, int lane,
-                                             float* const acc[M]) {
-  constexpr int kBatch = M == 1 ? 2 : 1;
-  const int64_t steps = ms[0]->cols / 64;
-  for (int64_t s0 = lane; s0 < steps; s0 += 32 * kBatch) {
-    Codes64<BITS> c[M][kBatch];
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (s0 + 32 * u < steps)
-          c[i][u] = load_codes64<BITS>(*ms[i], data[i], scales[i], biases[i], n, s0 + 32 * u);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (s0 + 32 * u < steps) fma_step64<BITS, NR>(c[i][u], xr, (s0 + 32 * u) * 64, mask, acc[i]);
-      }
-    }
-  }
-}
-
 template <int FMT, int BITS, bool VEC, int NR>
 __device__ __forceinline__ void dot_rows(const DevMatrix& m, const void* data, const void* scales,
                                          const void* biases, int64_t n, const float* const xr[NR],
                                          uint32_t mask, int lane, float acc[NR]) {
-  if constexpr (FMT == static_cast<int>(WFmt::kAffine) && VEC && affine64_bits<BITS>()) {
-    if (affine64_ok(m, data)) {
-      const DevMatrix* ms[1] = {&m};
-      const void* d[1] = {data};
-      const void* sc[1] = {scales};
-      const void* b[1] = {biases};
-      float* a[1] = {acc};
-      dot_affine64<BITS, NR, 1>(ms, d, sc, b, n, xr, mask, lane, a);
-      return;
-    }
-  }
   constexpr int kBatch = dot_batch<FMT>();
   const int64_t chunks = m.cols / 8;
   for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
@@ -405,18 +256,6 @@ __device__ __forceinline__ void dot_rows2(const DevMatrix& m, const void* data, 
                                           const void* scales2, const void* biases2, int64_t n,
                                           const float* const xr[NR], uint32_t mask, int lane, float acc[NR],
                                           float acc2[NR]) {
-  if constexpr (FMT == static_cast<int>(WFmt::kAffine) && VEC && affine64_bits<BITS>()) {
-    if (affine64_ok(m, data) && affine64_ok(m2, data2) && m.cols == m2.cols &&
-        m.group_size == m2.group_size) {
-      const DevMatrix* ms[2] = {&m, &m2};
-      const void* d[2] = {data, data2};
-      const void* sc[2] = {scales, scales2};
-      const void* b[2] = {biases, biases2};
-      float* a[2] = {acc, acc2};
-      dot_affine64<BITS, NR, 2>(ms, d, sc, b, n, xr, mask, lane, a);
-      return;
-    }
-  }
   constexpr int kBatch = dot_batch<FMT>() / 2;
   const int64_t chunks = m.cols / 8;
   for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {

@@ -764,6 +764,9 @@ class CudaBackend final : public Backend {
         return make_error(ErrorCode::kOutOfMemory, "CUDA backend: cannot allocate {} bytes of op scratch: {}",
                           bytes, cudaGetErrorString(e));
       }
+      // Zeroed once: kernels keep counters in their scratch (the MoE router's ticket) and reset them.
+      PD_CUDA_TRY(cudaMemset(p, 0, static_cast<size_t>(bytes)));
+      PD_CUDA_TRY(cudaDeviceSynchronize());
       s.ptr = p;
       s.bytes = bytes;
       clear_graphs();
@@ -1146,7 +1149,7 @@ Status CudaBackend::moe(const MoeArgs& a) {
     cuda::launch_moe_profiled(l, stream_, ms);
     note_error(cudaGetLastError(), "kernel launch");
     static const char* const kPhases[cuda::kMoePhases] = {
-        "moe: router + shared gate products", "moe: route + gate/up experts", "moe: down experts + combine"};
+        "moe: router + shared gate + route", "moe: gate/up experts", "moe: down experts + combine"};
     for (int i = 0; i < cuda::kMoePhases; ++i) {
       CudaOpTime& t = profile_[kPhases[i]];
       ++t.count;
