@@ -174,6 +174,7 @@ TEST_F(CudaAttention, DecodeRowsEqualOneRowStepsAcrossSplits) {
   const std::vector<Shape> shapes = {{16, 2, 256}, {16, 16, 128}, {4, 2, 128}, {16, 1, 128}};
   for (const Shape& s : shapes) {
     if (cudatest::small() && &s != &shapes[1]) continue;
+    if (cudatest::quick() && &s > &shapes[1]) continue;  // under memcheck: the 35B shape and group 1
     const int first = cuda::kAttnTile * cuda::attn_max_splits(s.hkv) - 4;
     ASSERT_NE(cuda::attn_split_size(first, s.hkv), cuda::attn_split_size(first + 7, s.hkv));
     ASSERT_GT(cuda::attn_num_splits(first, s.hkv), 8);
