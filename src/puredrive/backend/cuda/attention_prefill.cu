@@ -214,6 +214,9 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttentionLaunch 
 template <typename F>
 bool with_head_dim(int D, F&& f) {
   switch (D) {
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      return true;
     case 64:
       f(std::integral_constant<int, 64>{});
       return true;
@@ -247,7 +250,7 @@ void launch_attn_prefill(const AttentionLaunch& a, const float* qbuf, cudaStream
 }
 
 void set_attn_prefill_smem_limit(size_t bytes) {
-  for (int D : {64, 128, 256}) {
+  for (int D : {32, 64, 128, 256}) {
     with_head_dim(D, [&](auto d) {
       cudaFuncSetAttribute(attn_prefill_kernel<decltype(d)::value>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
