@@ -452,7 +452,8 @@ void run_bench(const BenchArgs& a) {
   }
 #endif
   nlohmann::json out = {
-      {"schema", "puredrive-bench/1"},
+      {"schema",
+       "puredrive-bench/2"},  // 2: per-cell fill and decode_attention; prefill fields null when synthetic
       {"date_utc", utc_now()},
       {"commit", a.commit},
       {"note", a.note},
