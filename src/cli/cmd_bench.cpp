@@ -451,9 +451,9 @@ void run_bench(const BenchArgs& a) {
               {"cuda_runtime_version", d->runtime_version}};
   }
 #endif
+  // Schema 2: per-cell fill and decode_attention; prefill fields are null in synthetic-fill cells.
   nlohmann::json out = {
-      {"schema",
-       "puredrive-bench/2"},  // 2: per-cell fill and decode_attention; prefill fields null when synthetic
+      {"schema", "puredrive-bench/2"},
       {"date_utc", utc_now()},
       {"commit", a.commit},
       {"note", a.note},
