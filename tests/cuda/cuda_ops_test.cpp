@@ -1,7 +1,8 @@
 // Every op of the CUDA backend against the CPU backend (the numerical reference, itself tested against naive
 // double-precision implementations) and against an independent double-precision product for matmul; and
 // row-exactness on the GPU: every row of an R-row call equals the one-row call bitwise. Step capture (CUDA
-// graphs) against eager execution. Skipped without a GPU.
+// graphs) against eager execution. Attention has its own file, cuda_attention_test.cpp. Skipped without a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -219,98 +220,6 @@ TEST_F(CudaOps, EmbedRmsNormAddArgmax) {
     const std::vector<int32_t> want = download<int32_t>(*cpu_, ac.tensor());
     EXPECT_EQ(download<int32_t>(*gpu_, ag.tensor()), want) << N;
     EXPECT_EQ(want, (std::vector<int32_t>{100, 8, 0, N - 1})) << N;
-  }
-}
-
-struct AttnCase {
-  AttentionDims dims;
-  int64_t capacity;
-};
-
-TEST_F(CudaOps, AttentionMatchesCpuAndIsRowExact) {
-  const std::vector<AttnCase> cases = {{{.num_heads = 4,
-                                         .num_kv_heads = 2,
-                                         .head_dim = 32,
-                                         .rotary_dim = 16,
-                                         .rope_theta = 10000.0,
-                                         .eps = 1e-6f},
-                                        300},
-                                       {{.num_heads = 16,
-                                         .num_kv_heads = 2,
-                                         .head_dim = 256,
-                                         .rotary_dim = 64,
-                                         .rope_theta = 1e7,
-                                         .eps = 1e-6f},
-                                        400}};
-  for (const AttnCase& c : cases) {
-    if (cudatest::small() && &c != &cases.front()) break;
-    const AttentionDims& d = c.dims;
-    const int64_t qw = int64_t{d.num_heads} * d.head_dim, kvw = int64_t{d.num_kv_heads} * d.head_dim;
-    const std::vector<float> qn = test::random_vector(rng_, static_cast<size_t>(d.head_dim), 0.2f);
-    const std::vector<float> kn = test::random_vector(rng_, static_cast<size_t>(d.head_dim), 0.2f);
-    const VectorId qnc = cpu_->bind_vector(qn, "qn").value(), knc = cpu_->bind_vector(kn, "kn").value();
-    const VectorId qng = gpu_->bind_vector(qn, "qn").value(), kng = gpu_->bind_vector(kn, "kn").value();
-    for (DType kv : {DType::kF32, DType::kBF16}) {
-      if (cudatest::small() && kv != DType::kBF16) continue;
-      SCOPED_TRACE(fmt::format("D={} kv {}", d.head_dim, dtype_name(kv)));
-      const int prefix = cudatest::small() ? 130 : 260;  // two / three splits of kAttnSplit = 128
-      const int total = prefix + 8;
-      const std::vector<float> qg = test::random_vector(rng_, static_cast<size_t>(total * 2 * qw));
-      const std::vector<float> k = test::random_vector(rng_, static_cast<size_t>(total * kvw));
-      const std::vector<float> v = test::random_vector(rng_, static_cast<size_t>(total * kvw));
-      std::vector<int32_t> pos(static_cast<size_t>(total));
-      for (int i = 0; i < total; ++i) pos[static_cast<size_t>(i)] = i;
-      // Runs rows [begin, begin + n) on backend be with the given caches; returns the output.
-      auto run = [&](Backend& be, VectorId qnv, VectorId knv, const KvCache& cache, int begin, int n) {
-        Buffer bqg = device_tensor(be, DType::kF32, n, 2 * qw, rows_of(qg, 2 * qw, begin, n));
-        Buffer bk = device_tensor(be, DType::kF32, n, kvw, rows_of(k, kvw, begin, n));
-        Buffer bv = device_tensor(be, DType::kF32, n, kvw, rows_of(v, kvw, begin, n));
-        Buffer bp = device_tensor(be, DType::kI32, n, 1, rows_of(pos, 1, begin, n));
-        Buffer out = device_tensor(be, DType::kF32, n, qw, std::vector<float>{});
-        const Status s = be.gated_attention({.dims = d,
-                                             .qg = bqg.tensor(),
-                                             .k = bk.tensor(),
-                                             .v = bv.tensor(),
-                                             .q_norm = qnv,
-                                             .k_norm = knv,
-                                             .positions = bp.tensor(),
-                                             .cache = cache,
-                                             .out = out.tensor()});
-        EXPECT_TRUE(s.is_ok()) << s.to_string();
-        return download<float>(be, out.tensor());
-      };
-      auto make_cache = [&](Backend& be, std::vector<Buffer>* keep) {
-        keep->push_back(be.alloc(kv, c.capacity, kvw).value());
-        keep->push_back(be.alloc(kv, c.capacity, kvw).value());
-        return KvCache{.k = (*keep)[keep->size() - 2].tensor(), .v = (*keep)[keep->size() - 1].tensor()};
-      };
-      std::vector<Buffer> keep;
-      const KvCache cc = make_cache(*cpu_, &keep), cg = make_cache(*gpu_, &keep),
-                    cg1 = make_cache(*gpu_, &keep);
-      const std::vector<float> pc = run(*cpu_, qnc, knc, cc, 0, prefix);
-      const std::vector<float> pg = run(*gpu_, qng, kng, cg, 0, prefix);
-      const double tol = kv == DType::kF32 ? 1e-4 : 2e-3;
-      EXPECT_LE(rel_err(pg, pc), tol) << "prefix";
-      // The same prefix one row at a time into a second cache: bitwise equal to the multi-row call (quick:
-      // the first rows as one call, the last 8 one at a time).
-      const int bulk = cudatest::quick() ? prefix - 8 : 0;
-      if (bulk > 0) run(*gpu_, qng, kng, cg1, 0, bulk);
-      for (int i = bulk; i < prefix; ++i) {
-        const std::vector<float> o = run(*gpu_, qng, kng, cg1, i, 1);
-        ASSERT_TRUE(same_bits(o, rows_of(pg, qw, i, 1))) << "prefix row " << i;
-      }
-      for (int R = 1; R <= 8; ++R) {
-        const std::vector<float> sc = run(*cpu_, qnc, knc, cc, prefix, R);
-        const std::vector<float> sg = run(*gpu_, qng, kng, cg, prefix, R);
-        EXPECT_LE(rel_err(sg, sc), tol) << "step R=" << R;
-        for (int r = 0; r < R; ++r) {
-          const std::vector<float> o = run(*gpu_, qng, kng, cg1, prefix + r, 1);
-          EXPECT_TRUE(same_bits(o, rows_of(sg, qw, r, 1))) << "R=" << R << " row " << r;
-        }
-        EXPECT_TRUE(same_bits(cudatest::download_bytes(*gpu_, cg.k), cudatest::download_bytes(*gpu_, cg1.k)));
-        EXPECT_TRUE(same_bits(cudatest::download_bytes(*gpu_, cg.v), cudatest::download_bytes(*gpu_, cg1.v)));
-      }
-    }
   }
 }
 

@@ -980,11 +980,9 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   }
   PD_ASSIGN_OR_RETURN(const DevVector* qn, vector("gated_attention", a.q_norm, d.head_dim));
   PD_ASSIGN_OR_RETURN(const DevVector* kn, vector("gated_attention", a.k_norm, d.head_dim));
-  const int64_t floats = cuda::attention_scratch_floats(d.num_heads, d.head_dim, a.cache.k.rows);
-  PD_ASSIGN_OR_RETURN(void* scr, scratch(attn_scratch_, floats * 4));
-
   cuda::AttentionLaunch l;
   l.smem_limit = smem_optin_;
+  l.multiprocessors = info_.multiprocessors;
   l.num_heads = d.num_heads;
   l.num_kv_heads = d.num_kv_heads;
   l.head_dim = d.head_dim;
@@ -1008,6 +1006,7 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   l.out = static_cast<float*>(a.out.data);
   l.out_stride = a.out.stride;
   l.rows = static_cast<int>(rows);
+  PD_ASSIGN_OR_RETURN(void* scr, scratch(attn_scratch_, cuda::attention_scratch_floats(l) * 4));
   l.scratch = static_cast<float*>(scr);
 
   sig_.add(OpTag::kAttention);

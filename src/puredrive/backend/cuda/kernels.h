@@ -15,9 +15,10 @@ namespace pd::cuda {
 
 constexpr int kMaxRows = 8;  // rows one launch of a weight-reading kernel handles (registers per thread)
 constexpr int kBlock = 256;  // threads of a matrix-vector block: 8 warps, one output row per warp at a time
-constexpr int kAttnSplit = 128;  // attention split-K: cache positions [c * kAttnSplit, (c + 1) * kAttnSplit)
-constexpr int kMaxGroup = 16;    // query heads per KV head
-constexpr int kMaxTopK = 32;     // experts per token
+constexpr int kAttnSplit =
+    128;  // float32-cache attention split-K: positions [c * kAttnSplit, (c + 1) * kAttnSplit)
+constexpr int kMaxGroup = 16;      // query heads per KV head
+constexpr int kMaxTopK = 32;       // experts per token
 constexpr int kMaxConvKernel = 8;  // GDN conv taps
 
 enum class WFmt : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kAffine = 3 };
@@ -117,13 +118,14 @@ struct AttentionLaunch {
   int64_t out_stride = 0;
   int rows = 0;
   size_t smem_limit = 48 * 1024;  // dynamic shared memory a block may use (set_attention_smem_limit)
+  int multiprocessors = 0;        // of the device: sizes the decode grid
   // Scratch (attention_scratch_floats): normalised queries and the split-K partial results.
   float* scratch = nullptr;
 };
-int64_t attention_scratch_floats(int num_heads, int head_dim, int64_t capacity);
-// Dynamic shared memory of the split kernel (staged: each split's bf16 keys and values copied in), and the
-// opt-in above 48 KiB that staging needs (set once by the backend to the device's limit).
-size_t attention_smem_bytes(int num_heads, int num_kv_heads, int head_dim, bool staged);
+// Scratch floats launch_attention needs for a (everything but the scratch pointer filled in).
+int64_t attention_scratch_floats(const AttentionLaunch& a);
+// The opt-in above 48 KiB of dynamic shared memory that the tensor-core kernels need (set once by the
+// backend to the device's limit, which it passes as smem_limit).
 void set_attention_smem_limit(size_t bytes);
 void launch_attention(const AttentionLaunch& a, cudaStream_t stream);
 
