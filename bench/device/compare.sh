@@ -5,7 +5,8 @@
 # fixtures when its bundle has them. Usage (device tool):
 #   run(command="bash bench/device/compare.sh", carry=["build/device-bundle.tar.xz", "build/base-bundle.tar.xz"])
 # Environment: PD_QUANTS (default "bf16 q8 q6"), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2),
-# PD_TOKENS (default 256), PD_NCU_QUANTS (candidate only, default none), PD_SKIP_TESTS=1.
+# PD_TOKENS (default 256), PD_NCU_QUANTS (candidate only, default none), PD_SKIP_TESTS=1, PD_CAND_LONG (contexts
+# for one more candidate-only bf16 bench with a synthetic fill, e.g. 32k,128k,256k; default none).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -76,6 +77,13 @@ PY
     done
   done
 done
+if [ -n "${PD_CAND_LONG:-}" ]; then
+  with cand timeout 300 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant bf16 \
+    --contexts "$PD_CAND_LONG" --fill synthetic --tokens 128 --profile-steps 2 --json "$out/bench_cand_long.json" \
+    >"$out/bench_cand_long.log" 2>&1
+  echo "long-context bench rc=$?" | tee -a "$out/summary.txt"
+  tail -8 "$out/bench_cand_long.log" | tee -a "$out/summary.txt"
+fi
 for q in ${PD_NCU_QUANTS:-}; do
   ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_decode_step/ \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
