@@ -12,6 +12,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 out=${OUT:-/tmp/pd-compare-out}
 mkdir -p "$out"
+det=$out/detail  # logs and records, packed into detail.tar.gz at the end (the device tool returns few files)
+mkdir -p "$det"
 export PATH=$PATH:/usr/local/cuda/bin
 unpack() {  # tarball -> folder
   local dir=$root/build/$2
@@ -36,9 +38,9 @@ with() {  # bundle command...
 }
 if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
   for t in cuda_ops_tests cuda_model_tests; do
-    with cand timeout 200 build/cand/bin/$t >"$out/$t.log" 2>&1
-    echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
-    grep -E '^\[  FAILED  \]' "$out/$t.log" | head -20 | tee -a "$out/summary.txt"
+    with cand timeout 200 build/cand/bin/$t >"$det/$t.log" 2>&1
+    echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+    grep -E '^\[  FAILED  \]' "$det/$t.log" | head -20 | tee -a "$out/summary.txt"
   done
   if [ -x build/cand/bin/puredrive_check ]; then
     for d in tests/fixtures/*/ models/tiny-coder/; do
@@ -47,18 +49,18 @@ if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
       [ "$d" = tests/fixtures/tiny-coder ] && continue
       case "$d" in models/*) ;; *) [ -f "$d/reference.json" ] || continue ;; esac
       with cand timeout "${PD_CHECK_S:-30}" build/cand/bin/puredrive_check check --model "$d" --backend cuda \
-        >"$out/check_$(basename "$d").log" 2>&1
-      echo "check $d rc=$? $(tail -1 "$out/check_$(basename "$d").log")" | tee -a "$out/summary.txt"
+        >"$det/check_$(basename "$d").log" 2>&1
+      echo "check $d rc=$? $(tail -1 "$det/check_$(basename "$d").log")" | tee -a "$out/summary.txt"
     done
   fi
 fi
 for q in ${PD_QUANTS:-bf16 q8 q6}; do
   for round in $(seq "${PD_ROUNDS:-2}"); do
     for b in base cand; do
-      j=$out/bench_${b}_${q}_$round.json
+      j=$det/bench_${b}_${q}_$round.json
       with $b timeout 150 build/$b/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
         --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 --json "$j" \
-        >"$out/bench_${b}_${q}_$round.log" 2>&1
+        >"$det/bench_${b}_${q}_$round.log" 2>&1
       python3 - "$j" "$b" "$round" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
 try:
@@ -79,17 +81,17 @@ PY
 done
 if [ -n "${PD_CAND_LONG:-}" ]; then
   with cand timeout 300 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant bf16 \
-    --contexts "$PD_CAND_LONG" --fill synthetic --tokens 128 --profile-steps 2 --json "$out/bench_cand_long.json" \
-    >"$out/bench_cand_long.log" 2>&1
+    --contexts "$PD_CAND_LONG" --fill synthetic --tokens 128 --profile-steps 2 --json "$det/bench_cand_long.json" \
+    >"$det/bench_cand_long.log" 2>&1
   echo "long-context bench rc=$?" | tee -a "$out/summary.txt"
-  tail -8 "$out/bench_cand_long.log" | tee -a "$out/summary.txt"
+  tail -8 "$det/bench_cand_long.log" | tee -a "$out/summary.txt"
 fi
 for q in ${PD_NCU_QUANTS:-}; do
   ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_decode_step/ \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
-    --log-file "$out/ncu_$q.csv" env LD_LIBRARY_PATH=$root/build/cand/lib build/cand/bin/puredrive_device bench \
+    --log-file "$det/ncu_$q.csv" env LD_LIBRARY_PATH=$root/build/cand/lib build/cand/bin/puredrive_device bench \
     --synth qwen3.5-35b-a3b --quant "$q" --contexts 2k --tokens 4 --verify-iters 1 --profile-steps 1 >/dev/null 2>&1
-  python3 - "$out/ncu_$q.csv" "$q" <<'PY' | tee -a "$out/summary.txt"
+  python3 - "$det/ncu_$q.csv" "$q" <<'PY' | tee -a "$out/summary.txt"
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows: print("ncu: no data"); sys.exit()
@@ -108,3 +110,4 @@ for n, (c, t, b) in sorted(k.items(), key=lambda kv: -kv[1][1]):
 PY
 done
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$out/summary.txt"
+tar -czf "$out/detail.tar.gz" -C "$out" detail && rm -rf "$det"

@@ -199,6 +199,7 @@ class CudaBackend final : public Backend {
     }
     if (staging_ != nullptr) cudaFreeHost(staging_);
     if (experts_read_ != nullptr) cudaFree(experts_read_);
+    if (router_ticket_ != nullptr) cudaFree(router_ticket_);
     if (step_done_ != nullptr) cudaEventDestroy(step_done_);
     if (graph_start_ != nullptr) cudaEventDestroy(graph_start_);
     if (graph_end_ != nullptr) cudaEventDestroy(graph_end_);
@@ -233,6 +234,9 @@ class CudaBackend final : public Backend {
     PD_CUDA_TRY(cudaEventCreate(&graph_end_));
     PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&experts_read_), sizeof(unsigned long long)));
     PD_CUDA_TRY(cudaMemset(experts_read_, 0, sizeof(unsigned long long)));
+    PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&router_ticket_), sizeof(int)));
+    PD_CUDA_TRY(cudaMemset(router_ticket_, 0, sizeof(int)));
+    PD_CUDA_TRY(cudaDeviceSynchronize());
     const char* env = std::getenv("PD_CUDA_GRAPHS");
     graphs_enabled_ = env == nullptr || std::string(env) != "0";
     return Status::ok();
@@ -764,9 +768,6 @@ class CudaBackend final : public Backend {
         return make_error(ErrorCode::kOutOfMemory, "CUDA backend: cannot allocate {} bytes of op scratch: {}",
                           bytes, cudaGetErrorString(e));
       }
-      // Zeroed once: kernels keep counters in their scratch (the MoE router's ticket) and reset them.
-      PD_CUDA_TRY(cudaMemset(p, 0, static_cast<size_t>(bytes)));
-      PD_CUDA_TRY(cudaDeviceSynchronize());
       s.ptr = p;
       s.bytes = bytes;
       clear_graphs();
@@ -932,6 +933,7 @@ class CudaBackend final : public Backend {
   static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
   Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_;
   unsigned long long* experts_read_ = nullptr;  // distinct experts read by decode MoE chunks, ever
+  int* router_ticket_ = nullptr;                // MoeLaunch::router_ticket
   std::vector<void*> retired_device_;
   std::vector<uint8_t*> retired_host_;
 
@@ -1138,6 +1140,7 @@ Status CudaBackend::moe(const MoeArgs& a) {
   l.rows = static_cast<int>(a.x.rows);
   l.scratch = scr;
   l.experts_read = experts_read_;
+  l.router_ticket = router_ticket_;
   sig_.add(OpTag::kMoe);
   sig_.add(a.moe.index);
   sig_.add(static_cast<int32_t>(a.accum));

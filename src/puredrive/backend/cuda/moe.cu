@@ -22,7 +22,6 @@ struct MoeScratch {
   float* wts;     // [kMaxRows][K]
   int* used;      // [E]: selected experts, ascending
   int* count;     // [1]: number of used experts
-  int* ticket;    // [1]: router blocks finished (zero between launches; the last block resets it)
   float* act;     // [kMaxRows][K][I]
   float* sact;    // [kMaxRows][Is]
   float* y;       // [kMaxRows][K][H]
@@ -48,7 +47,6 @@ MoeScratch carve(void* base, int E, int K, int H, int I, int Is, int64_t* total)
   s.wts = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * 4));
   s.used = reinterpret_cast<int*>(take(int64_t{E} * 4));
   s.count = reinterpret_cast<int*>(take(4));
-  s.ticket = reinterpret_cast<int*>(take(4));
   s.act = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * I * 4));
   s.sact = reinterpret_cast<float*>(take(int64_t{kMaxRows} * Is * 4));
   s.y = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * H * 4));
@@ -188,7 +186,7 @@ __global__ void __launch_bounds__(kBlock)
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    last = atomicAdd(s.ticket, 1) == static_cast<int>(gridDim.x) - 1;
+    last = atomicAdd(m.router_ticket, 1) == static_cast<int>(gridDim.x) - 1;
   }
   __syncthreads();
   if (!last) return;
@@ -214,7 +212,7 @@ __global__ void __launch_bounds__(kBlock)
     before[lane] = incl - c;
     if (lane == 31) {
       *s.count = incl;
-      *s.ticket = 0;
+      *m.router_ticket = 0;
       if (m.experts_read != nullptr) atomicAdd(m.experts_read, static_cast<unsigned long long>(incl));
     }
   }
