@@ -118,7 +118,9 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
   while (p + 1 < j.parts && static_cast<int>(blockIdx.y) >= j.part[p].n_tiles_end) ++p;
   const MmaPart& P = j.part[p];
   const int nt = static_cast<int>(blockIdx.y) - (p == 0 ? 0 : j.part[p - 1].n_tiles_end);
-  pdl_enter();
+  // The next kernel is let in only once this block's main loop is done (below): a grid of several waves
+  // would otherwise share its SMs with blocks that only wait.
+  pdl_wait();
 
   int expert = 0, first = 0, count = 0;
   if (P.grouped != 0) {
@@ -334,6 +336,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
     }
   }
   cp_async_wait<0>();
+  pdl_launch_dependents();
 
   // Fragment c of n tile ni: row g (c0, c1) or g + 8 (c2, c3), tile columns 2 t4 and 2 t4 + 1.
   const int64_t N = P.w.rows;
