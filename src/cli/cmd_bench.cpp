@@ -48,7 +48,7 @@ struct BenchArgs {
   int runs = 1;
   int verify_rows = 3;
   int verify_iters = 16;
-  int prefill_chunk = 8;
+  int prefill_chunk = 2048;
   int profile_steps = 0;      // eager one-row steps timed op by op after the timed phases (CUDA)
   int copy_mib = 0;           // 0: 1024 on CUDA, 64 on the CPU
   std::string fill = "real";  // real | synthetic | auto (synthetic above kAutoSyntheticFrom tokens)
@@ -152,12 +152,12 @@ double copy_bandwidth(Backend& be, int64_t bytes) {
 // One recorded step: forward over tokens (positions continue the state), argmax of the requested logits rows
 // on the device, then the ids are downloaded (the only host synchronisation).
 std::vector<int32_t> run_step(Model& m, SequenceState& st, std::span<const int32_t> tokens, LogitRows rows,
-                              const Buffer& ids) {
+                              const Buffer& ids, bool prefill = false) {
   Backend& be = m.backend();
   std::vector<int32_t> pos(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) pos[i] = st.length() + static_cast<int32_t>(i);
   check(be.begin_step());
-  Expected<StepOutput> o = m.forward(st, tokens, pos, {.logits = rows, .tap = {}});
+  Expected<StepOutput> o = m.forward(st, tokens, pos, {.logits = rows, .tap = {}, .prefill = prefill});
   if (o && !o->logits.empty()) {
     const Status s = be.argmax({.x = o->logits, .out = ids.row_slice(0, o->logits.rows)});
     if (!s) {
@@ -194,7 +194,7 @@ nlohmann::json row_exact_check(const BenchArgs& a, Model& m, const SynthModel& s
     for (int begin = 0; synthetic == 0 && begin < prompt_len; begin += m.max_rows()) {
       const int n = std::min(m.max_rows(), prompt_len - begin);
       run_step(m, *st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-               LogitRows::kNone, ids);
+               LogitRows::kNone, ids, /*prefill=*/true);
     }
   }
   const std::vector<int32_t> toks = synth_tokens(sm.seed + 8, V, R);
@@ -280,7 +280,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     const int n = std::min(chunk, context - begin);
     const bool final_chunk = begin + n == context;
     last = run_step(m, st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids);
+                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids, /*prefill=*/true);
     if ((begin / chunk + 1) % 1024 == 0) {
       fmt::print(stderr, "  prefill {}/{} tokens, {:.1f} s\n", begin + n, context, seconds(p0, Clock::now()));
     }
@@ -466,7 +466,7 @@ void run_bench(const BenchArgs& a) {
   std::unique_ptr<SynthModel> sm =
       check(make_synth_model(a.synth, a.quant, a.seed, be.device() == Device::kCpu));
   std::unique_ptr<Model> model =
-      check(create_model(sm->config, sm->weights, be, {.max_rows = a.prefill_chunk}));
+      check(create_model(sm->config, sm->weights, be, {.max_rows = a.prefill_chunk, .max_logit_rows = 8}));
   check(be.synchronize());
   const double build_s = seconds(b0, Clock::now());
 
@@ -582,8 +582,9 @@ void setup_bench(CLI::App& app) {
       ->check(CLI::Range(2, 8));
   cmd->add_option("--verify-iters", args->verify_iters, "Timed verify steps per width")
       ->check(CLI::Range(1, 10000));
-  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step")
-      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step (prefill kernels)")
+      ->check(CLI::Range(1, 16384))
+      ->capture_default_str();
   cmd->add_option("--profile-steps", args->profile_steps, "Eager one-row steps timed op by op (CUDA)")
       ->check(CLI::Range(0, 64));
   cmd->add_option("--fill", args->fill,

@@ -256,7 +256,7 @@ enum class Path { kPrefill, kDecode, kLegacy };
 // (wide steps too when the flash kernel lacks their head dim); a float32 cache, or a shape neither supports,
 // the CUDA-core kernels.
 Path path_of(const AttentionLaunch& a) {
-  if (a.rows > kMaxRows && attn_prefill_supported(a)) return Path::kPrefill;
+  if ((a.rows > kMaxRows || a.prefill) && attn_prefill_supported(a)) return Path::kPrefill;
   return attn_decode_supported(a) ? Path::kDecode : Path::kLegacy;
 }
 

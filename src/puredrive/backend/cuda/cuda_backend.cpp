@@ -130,6 +130,23 @@ bool same_format(const Matrix& a, const Matrix& b) {
           (a.bits == b.bits && a.group_size == b.group_size && a.scale_dtype == b.scale_dtype));
 }
 
+// One tensor-core product part: x [R, K] . w^T into out, its weight-row tiles after `tiles_before`.
+cuda::MmaPart mma_part(const DevMatrix& w, const Tensor& x, const Tensor& out, int tiles_before) {
+  cuda::MmaPart p;
+  p.w = w;
+  p.x = static_cast<const float*>(x.data);
+  p.xs = x.stride;
+  p.out = static_cast<float*>(out.data);
+  p.os = out.stride;
+  p.rows = static_cast<int>(x.rows);
+  p.n_tiles_end = tiles_before + static_cast<int>((w.rows + cuda::kMmaCols - 1) / cuda::kMmaCols);
+  return p;
+}
+
+int mma_row_tiles(int64_t rows) {
+  return static_cast<int>((rows + cuda::kMmaRows - 1) / cuda::kMmaRows);
+}
+
 // A growable device buffer for op scratch. Growing invalidates captured graphs (they hold the old address).
 struct Scratch {
   void* ptr = nullptr;
@@ -227,6 +244,7 @@ class CudaBackend final : public Backend {
           prop.name, prop.major, prop.minor);
     }
     cuda::set_attention_smem_limit(smem_optin_);
+    cuda::init_mma_kernels();
     PD_CUDA_TRY(cudaGetLastError());
     PD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PD_CUDA_TRY(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
@@ -505,17 +523,28 @@ class CudaBackend final : public Backend {
     PD_ASSIGN_OR_RETURN(const DevMatrix* w, matrix("matmul", a.w));
     PD_TRY(check_tensor("matmul", "x", a.x, DType::kF32, -1, w->cols));
     PD_TRY(check_tensor("matmul", "out", a.out, DType::kF32, a.x.rows, w->rows));
+    const Kernels k = kernels_for(a.prefill, a.x.rows);
     sig_.add(OpTag::kMatmul);
     sig_.add(a.w.index);
     sig_.add(a.x);
     sig_.add(a.out);
     sig_.add(static_cast<int32_t>(a.accum));
+    sig_.add(k);
     const DevMatrix m = *w;
+    if (k == Kernels::kTensorCores) {
+      cuda::MmaJob j;
+      j.part[0] = mma_part(m, a.x, a.out, 0);
+      j.parts = 1;
+      j.accumulate = a.accum == Accum::kAdd ? 1 : 0;
+      const int tiles = mma_row_tiles(a.x.rows);
+      submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmul prefill", m.rows, m.cols);
+      return take_error_if_eager();
+    }
     submit(
         [m, a](cudaStream_t s) {
           const int rows = static_cast<int>(a.x.rows);
           if (rows > cuda::kMaxRows) {
-            // Wide steps (prefill): tiled product, weights read once per kTileRows rows.
+            // Wide steps on the reference path: tiled product, weights read once per kTileRows rows.
             cuda::TileJob j;
             j.w = m;
             j.x = static_cast<const float*>(a.x.data);
@@ -534,12 +563,16 @@ class CudaBackend final : public Backend {
     return take_error_if_eager();
   }
 
-  // One launch when every matrix has the format and width of the first and the step is narrow; otherwise
-  // the products one by one (the same kernels either way, so the results are identical).
+  // One launch when every matrix has the format and width of the first (decode steps, and prefill on the
+  // tensor cores); otherwise the products one by one (the same kernels either way, so the results are
+  // identical).
   Status matmuls(const MatmulsArgs& a) override {
     const size_t count = a.targets.size();
     if (count == 0) return Status::ok();
-    bool fused = count <= static_cast<size_t>(cuda::kMaxMulti) && a.x.rows <= cuda::kMaxRows;
+    const Kernels k = kernels_for(a.prefill, a.x.rows);
+    const size_t max_fused =
+        static_cast<size_t>(k == Kernels::kTensorCores ? cuda::kMmaMaxParts : cuda::kMaxMulti);
+    bool fused = count <= max_fused && k != Kernels::kTiled;
     cuda::GemvMulti g;
     int64_t end = 0;
     for (size_t i = 0; i < count && fused; ++i) {
@@ -561,9 +594,21 @@ class CudaBackend final : public Backend {
     g.count = static_cast<int>(count);
     sig_.add(OpTag::kMatmuls);
     sig_.add(a.x);
+    sig_.add(k);
     for (const MatmulTarget& t : a.targets) {
       sig_.add(t.w.index);
       sig_.add(t.out);
+    }
+    if (k == Kernels::kTensorCores) {
+      cuda::MmaJob j;
+      for (size_t i = 0; i < count; ++i) {
+        j.part[i] = mma_part(g.m[i], a.x, a.targets[i].out, i == 0 ? 0 : j.part[i - 1].n_tiles_end);
+      }
+      j.parts = static_cast<int>(count);
+      const int tiles = mma_row_tiles(a.x.rows);
+      submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmuls prefill", end,
+             g.m[0].cols);
+      return take_error_if_eager();
     }
     const float* x = static_cast<const float*>(a.x.data);
     const int64_t xs = a.x.stride;
@@ -616,6 +661,16 @@ class CudaBackend final : public Backend {
 
   bool recording() const { return step_depth_ > 0 && !step_eager_; }
 
+  // Which kernels run a product or MoE block: decode (row-exact, up to kMaxRows rows per launch), prefill on
+  // the tensor cores (gemm_mma.cu, moe_grouped.cu), or the tiled CUDA-core kernels they replaced (the
+  // reference path, for wide steps only).
+  enum class Kernels : int32_t { kDecode, kTensorCores, kTiled };
+  Kernels kernels_for(bool prefill, int64_t rows) const {
+    if (!prefill && rows <= cuda::kMaxRows) return Kernels::kDecode;
+    if (!reference_prefill_) return Kernels::kTensorCores;
+    return rows <= cuda::kMaxRows ? Kernels::kDecode : Kernels::kTiled;
+  }
+
   Status check_device(const char* op, const Tensor& t) const {
     if (t.device != Device::kCuda)
       return make_error(ErrorCode::kInvalidArgument, "{}: tensor is not CUDA memory", op);
@@ -647,6 +702,12 @@ class CudaBackend final : public Backend {
   }
 
  public:
+  void set_reference_prefill(bool on) {
+    if (on == reference_prefill_) return;
+    reference_prefill_ = on;
+    clear_graphs();
+  }
+
   void set_profiling(bool on) {
     if (on && prof_start_ == nullptr) {
       cudaEventCreate(&prof_start_);
@@ -923,6 +984,7 @@ class CudaBackend final : public Backend {
   bool graph_timed_ = false;
   std::chrono::steady_clock::time_point step_begin_time_;
   bool graphs_enabled_ = true;
+  bool reference_prefill_ = false;
 
   std::vector<void*> weights_;  // device allocations of bound weights
   std::vector<DevMatrix> matrices_;
@@ -1008,6 +1070,7 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   l.out = static_cast<float*>(a.out.data);
   l.out_stride = a.out.stride;
   l.rows = static_cast<int>(rows);
+  l.prefill = a.prefill && !reference_prefill_;
   PD_ASSIGN_OR_RETURN(void* scr, scratch(attn_scratch_, cuda::attention_scratch_floats(l) * 4));
   l.scratch = static_cast<float*>(scr);
 
@@ -1018,6 +1081,7 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   for (const Tensor* t : {&a.qg, &a.k, &a.v, &a.positions, &a.cache.k, &a.cache.v, &a.out}) sig_.add(*t);
   sig_.add(a.q_norm.index);
   sig_.add(a.k_norm.index);
+  sig_.add(static_cast<int32_t>(l.prefill));
   submit([l](cudaStream_t s) { cuda::launch_attention(l, s); }, "gated_attention");
   return take_error_if_eager();
 }
@@ -1128,8 +1192,12 @@ Status CudaBackend::moe(const MoeArgs& a) {
     return make_error(ErrorCode::kUnsupported,
                       "moe: x must be 16-byte aligned with a row stride divisible by 4");
   }
-  const int64_t bytes = cuda::moe_scratch_bytes(m.launch.experts, m.launch.top_k, m.launch.hidden,
-                                                m.launch.inter, m.launch.shared_inter);
+  const Kernels k = kernels_for(a.prefill, a.x.rows);
+  const cuda::MoeLaunch& b = m.launch;
+  const int64_t bytes = k == Kernels::kTensorCores
+                            ? cuda::moe_grouped_scratch_bytes(static_cast<int>(a.x.rows), b.experts, b.top_k,
+                                                              b.hidden, b.inter, b.shared_inter)
+                            : cuda::moe_scratch_bytes(b.experts, b.top_k, b.hidden, b.inter, b.shared_inter);
   PD_ASSIGN_OR_RETURN(void* scr, scratch(moe_scratch_, bytes));
   cuda::MoeLaunch l = m.launch;
   l.x = static_cast<const float*>(a.x.data);
@@ -1146,6 +1214,11 @@ Status CudaBackend::moe(const MoeArgs& a) {
   sig_.add(static_cast<int32_t>(a.accum));
   sig_.add(a.x);
   sig_.add(a.out);
+  sig_.add(k);
+  if (k == Kernels::kTensorCores) {
+    submit([l](cudaStream_t s) { cuda::launch_moe_grouped(l, s); }, "moe prefill");
+    return take_error_if_eager();
+  }
   if (profiling_ && !recording()) {
     double ms[cuda::kMoePhases] = {};
     cuda::launch_moe_profiled(l, stream_, ms);
@@ -1241,6 +1314,10 @@ std::optional<CudaStepStats> cuda_step_stats(const Backend& backend) {
   const auto* b = dynamic_cast<const CudaBackend*>(&backend);
   if (b == nullptr) return std::nullopt;
   return b->stats();
+}
+
+void set_cuda_reference_prefill(Backend& backend, bool on) {
+  if (auto* b = dynamic_cast<CudaBackend*>(&backend)) b->set_reference_prefill(on);
 }
 
 void set_cuda_op_profiling(Backend& backend, bool on) {

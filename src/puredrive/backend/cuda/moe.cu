@@ -557,6 +557,28 @@ void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
 
 }  // namespace
 
+void launch_moe_route_rows(const MoeLaunch& m, int rows, const float* logits, int* sel, float* wts,
+                           cudaStream_t stream) {
+  MoeScratch s{};
+  s.logits = const_cast<float*>(logits);
+  s.sel = sel;
+  s.wts = wts;
+  moe_route_rows_kernel<<<grid_for(rows, kBlock / 32), kBlock, 0, stream>>>(
+      m.experts, m.top_k, rows, m.norm_topk ? 1 : 0, s);
+}
+
+void launch_moe_combine(const MoeLaunch& m, int rows, const float* y, const float* wts, const float* sg,
+                        const float* ys, cudaStream_t stream) {
+  MoeScratch s{};
+  s.y = const_cast<float*>(y);
+  s.wts = const_cast<float*>(wts);
+  s.sg = const_cast<float*>(sg);
+  s.ys = const_cast<float*>(ys);
+  const int64_t total = static_cast<int64_t>(rows) * m.hidden;
+  const unsigned blocks = grid_for(total, kBlock) < 4096 ? grid_for(total, kBlock) : 4096;
+  moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, 0, rows, s);
+}
+
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter) {
   int64_t total = 0, wide = 0;
   carve(nullptr, experts, top_k, hidden, inter, shared_inter, &total);
