@@ -6,7 +6,7 @@
 #   run(command="bash bench/device/compare.sh", carry=["build/device-bundle.tar.xz", "build/base-bundle.tar.xz"])
 # Environment: PD_QUANTS (default "bf16 q8 q6"), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2),
 # PD_TOKENS (default 256), PD_NCU_QUANTS (candidate only, default none), PD_SKIP_TESTS=1, PD_CAND_LONG (contexts
-# for one more candidate-only bf16 bench with a synthetic fill, e.g. 32k,128k,256k; default none).
+# for one more candidate-only bf16 bench, --fill auto: synthetic above 64K, e.g. 32k,128k,256k; default none).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -73,7 +73,7 @@ for c in j["cells"]:
     g = c.get("cuda_graphs") or {}
     print(f"{j['model']['quant']:>4} {sys.argv[2]} r{sys.argv[3]} ctx {c['context']:>6}: {c['decode_tokens_per_second']:7.1f} tok/s "
           f"({100*c['fraction_of_floor']:4.1f}% of {c['floor_tokens_per_second']:.0f}), step {c['step_ms_median']:.3f} ms, "
-          f"R={v['rows']}/R=1 {v['ratio']:.2f}{fr}, nodes {g.get('nodes_in_decode_graph','-')}, "
+          f"R={v['rows']}/R=1 {v['ratio']:.2f}{fr}, nodes {g.get('nodes_in_decode_graph','-')}, prefill {c.get('prefill_tokens_per_second') or 0:.0f} tok/s, "
           f"row-exact {j.get('row_exact_check',{}).get('pass')}")
 PY
     done
@@ -81,7 +81,7 @@ PY
 done
 if [ -n "${PD_CAND_LONG:-}" ]; then
   with cand timeout 300 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant bf16 \
-    --contexts "$PD_CAND_LONG" --fill synthetic --tokens 128 --profile-steps 2 --json "$det/bench_cand_long.json" \
+    --contexts "$PD_CAND_LONG" --fill auto --tokens 128 --profile-steps 2 --json "$det/bench_cand_long.json" \
     >"$det/bench_cand_long.log" 2>&1
   echo "long-context bench rc=$?" | tee -a "$out/summary.txt"
   tail -8 "$det/bench_cand_long.log" | tee -a "$out/summary.txt"
