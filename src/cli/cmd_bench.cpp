@@ -5,7 +5,11 @@
 // + a table.
 //
 // Deviations from §7, recorded in the JSON: the prefill uses seeded random token ids (random weights have no
-// tokenizer), and one run per cell by default (--runs).
+// tokenizer), and one run per cell by default (--runs). With --fill synthetic (or auto, above 64K tokens) a
+// cell's KV cache and GDN states are filled with random values instead of a prefill (`fill: synthetic`, the
+// deviation §7 allows for random weights; prefill speed then comes from the real-fill cells). Per cell, the
+// decode-attention bytes per step (K and V read at the profiled positions) and their achieved bandwidth over
+// the attention op's device time in the profiled steps (--profile-steps).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +28,7 @@
 #include "cli/synth_model.h"
 #include "puredrive/backend/backend.h"
 #include "puredrive/model/model.h"
+#include "puredrive/model/synthetic_fill.h"
 #ifdef PD_HAVE_CUDA
 #include "puredrive/backend/cuda/cuda_backend.h"
 #endif
@@ -43,9 +48,10 @@ struct BenchArgs {
   int runs = 1;
   int verify_rows = 3;
   int verify_iters = 16;
-  int prefill_chunk = 8;
-  int profile_steps = 0;  // eager one-row steps timed op by op after the timed phases (CUDA)
-  int copy_mib = 0;       // 0: 1024 on CUDA, 64 on the CPU
+  int prefill_chunk = 2048;
+  int profile_steps = 0;      // eager one-row steps timed op by op after the timed phases (CUDA)
+  int copy_mib = 0;           // 0: 1024 on CUDA, 64 on the CPU
+  std::string fill = "real";  // real | synthetic | auto (synthetic above kAutoSyntheticFrom tokens)
   std::string backend = "cuda";
   int threads = 0;
   std::string json_out;
@@ -94,6 +100,14 @@ Expected<std::vector<int>> parse_contexts(const std::string& text) {
   return out;
 }
 
+// --fill auto: contexts above this take the synthetic fill (a real prefill of 128K tokens does not fit a
+// device slot); 64K and below keep the real prefill, whose speed the record reports.
+constexpr int kAutoSyntheticFrom = 65536;
+
+bool synthetic_fill_for(const std::string& fill, int context) {
+  return fill == "synthetic" || (fill == "auto" && context > kAutoSyntheticFrom);
+}
+
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -138,12 +152,12 @@ double copy_bandwidth(Backend& be, int64_t bytes) {
 // One recorded step: forward over tokens (positions continue the state), argmax of the requested logits rows
 // on the device, then the ids are downloaded (the only host synchronisation).
 std::vector<int32_t> run_step(Model& m, SequenceState& st, std::span<const int32_t> tokens, LogitRows rows,
-                              const Buffer& ids) {
+                              const Buffer& ids, bool prefill = false) {
   Backend& be = m.backend();
   std::vector<int32_t> pos(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) pos[i] = st.length() + static_cast<int32_t>(i);
   check(be.begin_step());
-  Expected<StepOutput> o = m.forward(st, tokens, pos, {.logits = rows, .tap = {}});
+  Expected<StepOutput> o = m.forward(st, tokens, pos, {.logits = rows, .tap = {}, .prefill = prefill});
   if (o && !o->logits.empty()) {
     const Status s = be.argmax({.x = o->logits, .out = ids.row_slice(0, o->logits.rows)});
     if (!s) {
@@ -163,22 +177,24 @@ std::vector<int32_t> run_step(Model& m, SequenceState& st, std::span<const int32
 
 // Row-exactness at the model's real dimensions: an R-row verify step gives bitwise what R one-row steps give
 // (the logits of every row, the KV entries, every GDN conv and recurrent state), from two states filled by
-// the same prefill.
-nlohmann::json row_exact_check(const BenchArgs& a, Model& m, const SynthModel& sm) {
+// the same prefill of 64 tokens, or by the same synthetic fill of `synthetic` tokens (a long context, whose
+// attention has many splits).
+nlohmann::json row_exact_check(const BenchArgs& a, Model& m, const SynthModel& sm, int synthetic = 0) {
   Backend& be = m.backend();
   const int V = sm.config.vocab_size;
   const int R = a.verify_rows;
-  const int prompt_len = 64;
+  const int prompt_len = synthetic > 0 ? synthetic : 64;
   const StateOptions opts{
       .ctx_size = prompt_len + R + 8, .kv_dtype = DType::kBF16, .max_rows = std::max(8, R)};
   SequenceState wide = check(m.new_state(opts)), narrow = check(m.new_state(opts));
   Buffer ids = check(be.alloc(DType::kI32, std::max(8, a.prefill_chunk), 1));
   const std::vector<int32_t> prompt = synth_tokens(sm.seed + 7, V, prompt_len);
   for (SequenceState* st : {&wide, &narrow}) {
-    for (int begin = 0; begin < prompt_len; begin += m.max_rows()) {
+    if (synthetic > 0) check(fill_synthetic(be, *st, synthetic, sm.seed + 9));
+    for (int begin = 0; synthetic == 0 && begin < prompt_len; begin += m.max_rows()) {
       const int n = std::min(m.max_rows(), prompt_len - begin);
       run_step(m, *st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-               LogitRows::kNone, ids);
+               LogitRows::kNone, ids, /*prefill=*/true);
     }
   }
   const std::vector<int32_t> toks = synth_tokens(sm.seed + 8, V, R);
@@ -225,10 +241,12 @@ nlohmann::json row_exact_check(const BenchArgs& a, Model& m, const SynthModel& s
     }
   }
   const bool pass = logits_equal && kv_equal && gdn_equal;
-  fmt::print(stderr, "row-exact check ({} rows vs {} one-row steps, {} KV + {} GDN layers): {}\n", R, R,
-             kv_layers, gdn_layers, pass ? "bitwise equal" : "DIFFERENT");
+  fmt::print(stderr,
+             "row-exact check ({} rows vs {} one-row steps after {} tokens, {} KV + {} GDN layers): {}\n", R,
+             R, prompt_len, kv_layers, gdn_layers, pass ? "bitwise equal" : "DIFFERENT");
   return {{"rows", R},
           {"prompt_tokens", prompt_len},
+          {"fill", synthetic > 0 ? "synthetic" : "real"},
           {"logits_equal", logits_equal},
           {"kv_equal", kv_equal},
           {"gdn_state_equal", gdn_equal},
@@ -248,15 +266,21 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   Buffer ids = check(be.alloc(DType::kI32, std::max(8, a.prefill_chunk), 1));
   const std::vector<int32_t> prompt = synth_tokens(sm.seed + static_cast<uint64_t>(context), V, context);
 
-  // Prefill in chunks of max_rows rows; only the last chunk produces logits.
+  // Prefill in chunks of max_rows rows; only the last chunk produces logits. The synthetic fill writes the
+  // state directly and starts decoding from a seeded token.
+  const bool synthetic = synthetic_fill_for(a.fill, context);
   const auto p0 = Clock::now();
   std::vector<int32_t> last;
+  if (synthetic) {
+    check(fill_synthetic(be, st, context, sm.seed + static_cast<uint64_t>(context)));
+    last = {prompt.back()};
+  }
   const int chunk = m.max_rows();
-  for (int begin = 0; begin < context; begin += chunk) {
+  for (int begin = 0; !synthetic && begin < context; begin += chunk) {
     const int n = std::min(chunk, context - begin);
     const bool final_chunk = begin + n == context;
     last = run_step(m, st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids);
+                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids, /*prefill=*/true);
     if ((begin / chunk + 1) % 1024 == 0) {
       fmt::print(stderr, "  prefill {}/{} tokens, {:.1f} s\n", begin + n, context, seconds(p0, Clock::now()));
     }
@@ -312,11 +336,44 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     }
     return median(t);
   };
+  // Distinct experts per step of each width (CUDA): a verify step's rows select different experts, so its
+  // floor is its own bytes, not the one-row step's.
+  auto experts_per_step = [&](int64_t before, int64_t after) {
+    return static_cast<double>(after - before) / (a.verify_iters + 2);
+  };
+  int64_t e0 = 0, e1 = 0, e2 = 0;
+  const bool count_experts = be.device() == Device::kCuda;
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e0 = check(cuda_moe_experts_read(be));
+#endif
   const double r1 = time_rows(1);
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e1 = check(cuda_moe_experts_read(be));
+#endif
   const double rn = time_rows(a.verify_rows);
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e2 = check(cuda_moe_experts_read(be));
+#endif
+  nlohmann::json verify = {
+      {"rows", a.verify_rows}, {"r1_ms", 1e3 * r1}, {"rn_ms", 1e3 * rn}, {"ratio", rn / r1}};
+  if (count_experts) {
+    // One step's bytes with the experts it read; the R-row step also writes R GDN state snapshots.
+    const StepBytes& sb = sm.step_bytes;
+    const double expert_bytes =
+        static_cast<double>(sb.experts_active) /
+        static_cast<double>(sm.config.num_experts_per_tok * sm.config.num_hidden_layers);
+    const double x1 = experts_per_step(e0, e1), xn = experts_per_step(e1, e2);
+    const double base = static_cast<double>(sb.at_context(context) - sb.experts_active);
+    const double b1 = base + x1 * expert_bytes;
+    const double bn = base + xn * expert_bytes + static_cast<double>(a.verify_rows) * sb.gdn_state / 2;
+    verify["experts_per_step"] = {{"r1", x1}, {"rn", xn}};
+    verify["floor_ratio"] = bn / b1;
+  }
 
   // Where a decode step's device time goes: a few eager one-row steps with every op timed by events.
   nlohmann::json profile = nlohmann::json::array();
+  const int profile_from = st.length();  // position of the first profiled step
+  double attention_s = 0, profiled_s = 0;
 #ifdef PD_HAVE_CUDA
   if (a.profile_steps > 0 && be.device() == Device::kCuda) {
     set_cuda_op_profiling(be, true);
@@ -337,7 +394,11 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     check(be.synchronize());
     set_cuda_op_profiling(be, false);
     double total = 0;
-    for (const CudaOpTime& t : cuda_op_profile(be)) total += t.seconds;
+    for (const CudaOpTime& t : cuda_op_profile(be)) {
+      total += t.seconds;
+      if (t.label == "gated_attention") attention_s += t.seconds;
+    }
+    profiled_s = total;
     for (const CudaOpTime& t : cuda_op_profile(be)) {
       profile.push_back({{"op", t.label},
                          {"calls_per_step", static_cast<double>(t.count) / a.profile_steps},
@@ -350,10 +411,30 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   const int64_t bytes = sm.step_bytes.at_context(context);
   const double floor_tps = bandwidth / static_cast<double>(bytes);
   const double tps = static_cast<double>(a.tokens) / decode_s;
+  // Decode attention: the profiled step at position p reads the K and V of keys [0, p] in every attention
+  // layer; achieved bandwidth = those bytes / the attention op's device time (qk norm + RoPE + cache write,
+  // split-K partials, merge with the gate), both per profiled step.
+  const double keys = a.profile_steps > 0 ? profile_from + 0.5 * (a.profile_steps - 1) + 1 : context + 1.0;
+  const double attention_bytes = static_cast<double>(sm.step_bytes.kv_per_token) * keys;
+  nlohmann::json attention = {{"kv_bytes_per_step", attention_bytes},
+                              {"at_keys", keys},
+                              {"how",
+                               "K+V bytes of keys [0, p] over all attention layers / attention op device "
+                               "time, eager one-row steps of the op profile"}};
+  if (attention_s > 0) {
+    const double per_step = attention_s / a.profile_steps;
+    attention["ms_per_step"] = 1e3 * per_step;
+    attention["bandwidth_bytes_per_second"] = attention_bytes / per_step;
+    attention["share_of_profiled_step"] = attention_s / profiled_s;
+  }
+  const double prefill_tps = synthetic ? 0.0 : context / prefill_s;
   return {{"context", context},
-          {"prefill_tokens", context},
-          {"prefill_seconds", prefill_s},
-          {"prefill_tokens_per_second", context / prefill_s},
+          {"fill", synthetic ? "synthetic" : "real"},
+          {"prefill_tokens", synthetic ? 0 : context},
+          {"prefill_seconds", synthetic ? nlohmann::json(nullptr) : nlohmann::json(prefill_s)},
+          {"fill_seconds", synthetic ? nlohmann::json(prefill_s) : nlohmann::json(nullptr)},
+          {"prefill_tokens_per_second", synthetic ? nlohmann::json(nullptr) : nlohmann::json(prefill_tps)},
+          {"decode_attention", attention},
           {"decode_tokens", a.tokens},
           {"decode_seconds", decode_s},
           {"decode_tokens_per_second", tps},
@@ -362,7 +443,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
           {"bytes_per_step", bytes},
           {"floor_tokens_per_second", floor_tps},
           {"fraction_of_floor", tps / floor_tps},
-          {"verify", {{"rows", a.verify_rows}, {"r1_ms", 1e3 * r1}, {"rn_ms", 1e3 * rn}, {"ratio", rn / r1}}},
+          {"verify", verify},
           {"cuda_graphs", graph},
           {"op_profile", profile},
           {"first_tokens", std::vector<int32_t>(generated.begin(),
@@ -385,7 +466,7 @@ void run_bench(const BenchArgs& a) {
   std::unique_ptr<SynthModel> sm =
       check(make_synth_model(a.synth, a.quant, a.seed, be.device() == Device::kCpu));
   std::unique_ptr<Model> model =
-      check(create_model(sm->config, sm->weights, be, {.max_rows = a.prefill_chunk}));
+      check(create_model(sm->config, sm->weights, be, {.max_rows = a.prefill_chunk, .max_logit_rows = 8}));
   check(be.synchronize());
   const double build_s = seconds(b0, Clock::now());
 
@@ -401,8 +482,9 @@ void run_bench(const BenchArgs& a) {
               {"cuda_runtime_version", d->runtime_version}};
   }
 #endif
+  // Schema 2: per-cell fill and decode_attention; prefill fields are null in synthetic-fill cells.
   nlohmann::json out = {
-      {"schema", "puredrive-bench/1"},
+      {"schema", "puredrive-bench/2"},
       {"date_utc", utc_now()},
       {"commit", a.commit},
       {"note", a.note},
@@ -419,6 +501,9 @@ void run_bench(const BenchArgs& a) {
         {"decode_tokens", a.tokens},
         {"runs_per_cell", a.runs},
         {"prefill", "real prefill of seeded random token ids (random weights have no tokenizer)"},
+        {"fill", a.fill == "auto"
+                     ? fmt::format("auto: real up to {} tokens, synthetic above", kAutoSyntheticFrom)
+                     : a.fill},
         {"prefill_chunk_rows", a.prefill_chunk},
         {"kv_dtype", "bf16"},
         {"floor",
@@ -440,6 +525,9 @@ void run_bench(const BenchArgs& a) {
     if (!f) fail(make_error(ErrorCode::kIo, "cannot write --json {}", a.json_out));
   };
   out["row_exact_check"] = row_exact_check(a, *model, *sm);
+  // After 8190 tokens the verify rows straddle the doubling of the attention split size of the 35B shape
+  // (64 -> 128 keys at 8192 keys, backend/cuda/attention_plan.h).
+  if (a.fill != "real") out["row_exact_check_long"] = row_exact_check(a, *model, *sm, 8190);
   write();
   for (int c : contexts) {
     for (int run = 0; run < a.runs; ++run) {
@@ -457,13 +545,25 @@ void run_bench(const BenchArgs& a) {
   const nlohmann::json& cells = out["cells"];
   fmt::print("synthetic {} {} on {}, copy bandwidth {:.0f} GB/s\n", a.synth, a.quant, be.name(),
              bandwidth / 1e9);
-  fmt::print("{:>8} {:>12} {:>11} {:>11} {:>8} {:>14} {:>16}\n", "context", "prefill t/s", "decode t/s",
-             "floor t/s", "%floor", "step ms med", "verify R=" + std::to_string(a.verify_rows) + "/R=1");
+  fmt::print("{:>8} {:>12} {:>11} {:>11} {:>8} {:>14} {:>16} {:>12} {:>10} {:>9}\n", "context", "prefill t/s",
+             "decode t/s", "floor t/s", "%floor", "step ms med",
+             "verify R=" + std::to_string(a.verify_rows) + "/R=1", "bytes ratio", "attn ms", "attn GB/s");
   for (const nlohmann::json& c : cells) {
-    fmt::print("{:>8} {:>12.1f} {:>11.1f} {:>11.1f} {:>7.1f}% {:>14.3f} {:>16.2f}\n", c["context"].get<int>(),
-               c["prefill_tokens_per_second"].get<double>(), c["decode_tokens_per_second"].get<double>(),
-               c["floor_tokens_per_second"].get<double>(), 100.0 * c["fraction_of_floor"].get<double>(),
-               c["step_ms_median"].get<double>(), c["verify"]["ratio"].get<double>());
+    const nlohmann::json& v = c["verify"];
+    const nlohmann::json& at = c["decode_attention"];
+    fmt::print("{:>8} {:>12} {:>11.1f} {:>11.1f} {:>7.1f}% {:>14.3f} {:>16.2f} {:>12} {:>10} {:>9}\n",
+               c["context"].get<int>(),
+               c["prefill_tokens_per_second"].is_null()
+                   ? std::string("synthetic")
+                   : fmt::format("{:.1f}", c["prefill_tokens_per_second"].get<double>()),
+               c["decode_tokens_per_second"].get<double>(), c["floor_tokens_per_second"].get<double>(),
+               100.0 * c["fraction_of_floor"].get<double>(), c["step_ms_median"].get<double>(),
+               v["ratio"].get<double>(),
+               v.contains("floor_ratio") ? fmt::format("{:.2f}", v["floor_ratio"].get<double>()) : "-",
+               at.contains("ms_per_step") ? fmt::format("{:.3f}", at["ms_per_step"].get<double>()) : "-",
+               at.contains("bandwidth_bytes_per_second")
+                   ? fmt::format("{:.0f}", at["bandwidth_bytes_per_second"].get<double>() / 1e9)
+                   : "-");
   }
 }
 
@@ -482,10 +582,15 @@ void setup_bench(CLI::App& app) {
       ->check(CLI::Range(2, 8));
   cmd->add_option("--verify-iters", args->verify_iters, "Timed verify steps per width")
       ->check(CLI::Range(1, 10000));
-  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step")
-      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step (prefill kernels)")
+      ->check(CLI::Range(1, 16384))
+      ->capture_default_str();
   cmd->add_option("--profile-steps", args->profile_steps, "Eager one-row steps timed op by op (CUDA)")
       ->check(CLI::Range(0, 64));
+  cmd->add_option("--fill", args->fill,
+                  "How a cell's context is filled: real (prefill), synthetic (random KV and GDN state), auto "
+                  "(synthetic above 64K tokens)")
+      ->check(CLI::IsMember({"real", "synthetic", "auto"}));
   cmd->add_option("--copy-mib", args->copy_mib, "Buffer size of the bandwidth measurement")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--backend", args->backend, "cuda or cpu");

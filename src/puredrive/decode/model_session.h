@@ -19,13 +19,18 @@
 
 namespace pd {
 
+inline constexpr int kDefaultPrefillChunk = 2048;
+inline constexpr int kMaxPrefillChunk = 16384;
+
 struct SessionOptions {
   std::string model_dir;
   std::string backend = "auto";  // "auto": CUDA when a device is usable, else the CPU
   int threads = 0;               // CPU threads, <= 0: all cores
   int ctx_size = 0;              // 0: max_position_embeddings, or the largest context that fits
   DType kv_dtype = DType::kBF16;
-  int prefill_chunk = 64;  // rows per prefill step (the model's max rows is at least max_draft + 1)
+  // Rows per prefill step (the model's max rows is at least max_draft + 1). The step workspaces grow with
+  // it (step_workspace_bytes in model/memory_plan.h), and the memory plan leaves room for them.
+  int prefill_chunk = kDefaultPrefillChunk;
   int max_draft = 4;
   bool mtp = true;  // attach the MTP drafter when the checkpoint has a head
 };

@@ -24,6 +24,9 @@ namespace pd {
 
 struct ModelOptions {
   int max_rows = 64;  // the largest R of one step (prefill chunk); workspaces are sized for it
+  // The most rows a step may request all logits for (LogitRows::kAll; verify steps): the logits workspaces
+  // hold this many rows of V floats, so long prefill chunks need not. 0: max_rows.
+  int max_logit_rows = 0;
 };
 
 // Which rows of a step get logits. Prefill usually needs only the last row; verify needs all.
@@ -36,6 +39,9 @@ using TapFn = std::function<void(std::string_view name, const Tensor& t)>;
 struct ForwardOptions {
   LogitRows logits = LogitRows::kAll;
   TapFn tap = nullptr;  // optional
+  // A chunk of a prompt's prefill: the backend's prefill kernels run the products and the MoE whatever R
+  // (backend.h MatmulArgs::prefill), so the chunk's rows do not depend on where the prompt was split.
+  bool prefill = false;
 };
 
 // Views into the model's workspace. forward()'s outputs stay valid until the next forward(); mtp_forward()'s

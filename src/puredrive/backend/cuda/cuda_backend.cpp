@@ -130,6 +130,23 @@ bool same_format(const Matrix& a, const Matrix& b) {
           (a.bits == b.bits && a.group_size == b.group_size && a.scale_dtype == b.scale_dtype));
 }
 
+// One tensor-core product part: x [R, K] . w^T into out, its weight-row tiles after `tiles_before`.
+cuda::MmaPart mma_part(const DevMatrix& w, const Tensor& x, const Tensor& out, int tiles_before) {
+  cuda::MmaPart p;
+  p.w = w;
+  p.x = static_cast<const float*>(x.data);
+  p.xs = x.stride;
+  p.out = static_cast<float*>(out.data);
+  p.os = out.stride;
+  p.rows = static_cast<int>(x.rows);
+  p.n_tiles_end = tiles_before + static_cast<int>((w.rows + cuda::kMmaCols - 1) / cuda::kMmaCols);
+  return p;
+}
+
+int mma_row_tiles(int64_t rows) {
+  return static_cast<int>((rows + cuda::kMmaRows - 1) / cuda::kMmaRows);
+}
+
 // A growable device buffer for op scratch. Growing invalidates captured graphs (they hold the old address).
 struct Scratch {
   void* ptr = nullptr;
@@ -198,6 +215,8 @@ class CudaBackend final : public Backend {
       if (s->ptr != nullptr) cudaFree(s->ptr);
     }
     if (staging_ != nullptr) cudaFreeHost(staging_);
+    if (experts_read_ != nullptr) cudaFree(experts_read_);
+    if (router_ticket_ != nullptr) cudaFree(router_ticket_);
     if (step_done_ != nullptr) cudaEventDestroy(step_done_);
     if (graph_start_ != nullptr) cudaEventDestroy(graph_start_);
     if (graph_end_ != nullptr) cudaEventDestroy(graph_end_);
@@ -225,17 +244,29 @@ class CudaBackend final : public Backend {
           prop.name, prop.major, prop.minor);
     }
     cuda::set_attention_smem_limit(smem_optin_);
+    cuda::init_mma_kernels();
     PD_CUDA_TRY(cudaGetLastError());
     PD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PD_CUDA_TRY(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PD_CUDA_TRY(cudaEventCreate(&graph_start_));
     PD_CUDA_TRY(cudaEventCreate(&graph_end_));
+    PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&experts_read_), sizeof(unsigned long long)));
+    PD_CUDA_TRY(cudaMemset(experts_read_, 0, sizeof(unsigned long long)));
+    PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&router_ticket_), sizeof(int)));
+    PD_CUDA_TRY(cudaMemset(router_ticket_, 0, sizeof(int)));
+    PD_CUDA_TRY(cudaDeviceSynchronize());
     const char* env = std::getenv("PD_CUDA_GRAPHS");
     graphs_enabled_ = env == nullptr || std::string(env) != "0";
     return Status::ok();
   }
 
   const CudaDeviceInfo& info() const { return info_; }
+  Expected<int64_t> experts_read() {
+    PD_TRY(flush_for_host());
+    unsigned long long v = 0;
+    PD_CUDA_TRY(cudaMemcpy(&v, experts_read_, sizeof v, cudaMemcpyDeviceToHost));
+    return static_cast<int64_t>(v);
+  }
   CudaStepStats stats() const {
     CudaStepStats s = stats_;
     s.cached_graphs = static_cast<int64_t>(graphs_.size());
@@ -492,17 +523,28 @@ class CudaBackend final : public Backend {
     PD_ASSIGN_OR_RETURN(const DevMatrix* w, matrix("matmul", a.w));
     PD_TRY(check_tensor("matmul", "x", a.x, DType::kF32, -1, w->cols));
     PD_TRY(check_tensor("matmul", "out", a.out, DType::kF32, a.x.rows, w->rows));
+    const Kernels k = kernels_for(a.prefill, a.x.rows);
     sig_.add(OpTag::kMatmul);
     sig_.add(a.w.index);
     sig_.add(a.x);
     sig_.add(a.out);
     sig_.add(static_cast<int32_t>(a.accum));
+    sig_.add(k);
     const DevMatrix m = *w;
+    if (k == Kernels::kTensorCores) {
+      cuda::MmaJob j;
+      j.part[0] = mma_part(m, a.x, a.out, 0);
+      j.parts = 1;
+      j.accumulate = a.accum == Accum::kAdd ? 1 : 0;
+      const int tiles = mma_row_tiles(a.x.rows);
+      submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmul prefill", m.rows, m.cols);
+      return take_error_if_eager();
+    }
     submit(
         [m, a](cudaStream_t s) {
           const int rows = static_cast<int>(a.x.rows);
           if (rows > cuda::kMaxRows) {
-            // Wide steps (prefill): tiled product, weights read once per kTileRows rows.
+            // Wide steps on the reference path: tiled product, weights read once per kTileRows rows.
             cuda::TileJob j;
             j.w = m;
             j.x = static_cast<const float*>(a.x.data);
@@ -521,12 +563,16 @@ class CudaBackend final : public Backend {
     return take_error_if_eager();
   }
 
-  // One launch when every matrix has the format and width of the first and the step is narrow; otherwise
-  // the products one by one (the same kernels either way, so the results are identical).
+  // One launch when every matrix has the format and width of the first (decode steps, and prefill on the
+  // tensor cores); otherwise the products one by one (the same kernels either way, so the results are
+  // identical).
   Status matmuls(const MatmulsArgs& a) override {
     const size_t count = a.targets.size();
     if (count == 0) return Status::ok();
-    bool fused = count <= static_cast<size_t>(cuda::kMaxMulti) && a.x.rows <= cuda::kMaxRows;
+    const Kernels k = kernels_for(a.prefill, a.x.rows);
+    const size_t max_fused =
+        static_cast<size_t>(k == Kernels::kTensorCores ? cuda::kMmaMaxParts : cuda::kMaxMulti);
+    bool fused = count <= max_fused && k != Kernels::kTiled;
     cuda::GemvMulti g;
     int64_t end = 0;
     for (size_t i = 0; i < count && fused; ++i) {
@@ -548,9 +594,21 @@ class CudaBackend final : public Backend {
     g.count = static_cast<int>(count);
     sig_.add(OpTag::kMatmuls);
     sig_.add(a.x);
+    sig_.add(k);
     for (const MatmulTarget& t : a.targets) {
       sig_.add(t.w.index);
       sig_.add(t.out);
+    }
+    if (k == Kernels::kTensorCores) {
+      cuda::MmaJob j;
+      for (size_t i = 0; i < count; ++i) {
+        j.part[i] = mma_part(g.m[i], a.x, a.targets[i].out, i == 0 ? 0 : j.part[i - 1].n_tiles_end);
+      }
+      j.parts = static_cast<int>(count);
+      const int tiles = mma_row_tiles(a.x.rows);
+      submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmuls prefill", end,
+             g.m[0].cols);
+      return take_error_if_eager();
     }
     const float* x = static_cast<const float*>(a.x.data);
     const int64_t xs = a.x.stride;
@@ -603,6 +661,16 @@ class CudaBackend final : public Backend {
 
   bool recording() const { return step_depth_ > 0 && !step_eager_; }
 
+  // Which kernels run a product or MoE block: decode (row-exact, up to kMaxRows rows per launch), prefill on
+  // the tensor cores (gemm_mma.cu, moe_grouped.cu), or the tiled CUDA-core kernels they replaced (the
+  // reference path, for wide steps only).
+  enum class Kernels : int32_t { kDecode, kTensorCores, kTiled };
+  Kernels kernels_for(bool prefill, int64_t rows) const {
+    if (!prefill && rows <= cuda::kMaxRows) return Kernels::kDecode;
+    if (!reference_prefill_) return Kernels::kTensorCores;
+    return rows <= cuda::kMaxRows ? Kernels::kDecode : Kernels::kTiled;
+  }
+
   Status check_device(const char* op, const Tensor& t) const {
     if (t.device != Device::kCuda)
       return make_error(ErrorCode::kInvalidArgument, "{}: tensor is not CUDA memory", op);
@@ -634,6 +702,12 @@ class CudaBackend final : public Backend {
   }
 
  public:
+  void set_reference_prefill(bool on) {
+    if (on == reference_prefill_) return;
+    reference_prefill_ = on;
+    clear_graphs();
+  }
+
   void set_profiling(bool on) {
     if (on && prof_start_ == nullptr) {
       cudaEventCreate(&prof_start_);
@@ -910,6 +984,7 @@ class CudaBackend final : public Backend {
   bool graph_timed_ = false;
   std::chrono::steady_clock::time_point step_begin_time_;
   bool graphs_enabled_ = true;
+  bool reference_prefill_ = false;
 
   std::vector<void*> weights_;  // device allocations of bound weights
   std::vector<DevMatrix> matrices_;
@@ -919,6 +994,8 @@ class CudaBackend final : public Backend {
 
   static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
   Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_;
+  unsigned long long* experts_read_ = nullptr;  // distinct experts read by decode MoE chunks, ever
+  int* router_ticket_ = nullptr;                // MoeLaunch::router_ticket
   std::vector<void*> retired_device_;
   std::vector<uint8_t*> retired_host_;
 
@@ -967,11 +1044,9 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   }
   PD_ASSIGN_OR_RETURN(const DevVector* qn, vector("gated_attention", a.q_norm, d.head_dim));
   PD_ASSIGN_OR_RETURN(const DevVector* kn, vector("gated_attention", a.k_norm, d.head_dim));
-  const int64_t floats = cuda::attention_scratch_floats(d.num_heads, d.head_dim, a.cache.k.rows);
-  PD_ASSIGN_OR_RETURN(void* scr, scratch(attn_scratch_, floats * 4));
-
   cuda::AttentionLaunch l;
   l.smem_limit = smem_optin_;
+  l.multiprocessors = info_.multiprocessors;
   l.num_heads = d.num_heads;
   l.num_kv_heads = d.num_kv_heads;
   l.head_dim = d.head_dim;
@@ -995,6 +1070,8 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   l.out = static_cast<float*>(a.out.data);
   l.out_stride = a.out.stride;
   l.rows = static_cast<int>(rows);
+  l.prefill = a.prefill && !reference_prefill_;
+  PD_ASSIGN_OR_RETURN(void* scr, scratch(attn_scratch_, cuda::attention_scratch_floats(l) * 4));
   l.scratch = static_cast<float*>(scr);
 
   sig_.add(OpTag::kAttention);
@@ -1004,6 +1081,7 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   for (const Tensor* t : {&a.qg, &a.k, &a.v, &a.positions, &a.cache.k, &a.cache.v, &a.out}) sig_.add(*t);
   sig_.add(a.q_norm.index);
   sig_.add(a.k_norm.index);
+  sig_.add(static_cast<int32_t>(l.prefill));
   submit([l](cudaStream_t s) { cuda::launch_attention(l, s); }, "gated_attention");
   return take_error_if_eager();
 }
@@ -1114,8 +1192,12 @@ Status CudaBackend::moe(const MoeArgs& a) {
     return make_error(ErrorCode::kUnsupported,
                       "moe: x must be 16-byte aligned with a row stride divisible by 4");
   }
-  const int64_t bytes = cuda::moe_scratch_bytes(m.launch.experts, m.launch.top_k, m.launch.hidden,
-                                                m.launch.inter, m.launch.shared_inter);
+  const Kernels k = kernels_for(a.prefill, a.x.rows);
+  const cuda::MoeLaunch& b = m.launch;
+  const int64_t bytes = k == Kernels::kTensorCores
+                            ? cuda::moe_grouped_scratch_bytes(static_cast<int>(a.x.rows), b.experts, b.top_k,
+                                                              b.hidden, b.inter, b.shared_inter)
+                            : cuda::moe_scratch_bytes(b.experts, b.top_k, b.hidden, b.inter, b.shared_inter);
   PD_ASSIGN_OR_RETURN(void* scr, scratch(moe_scratch_, bytes));
   cuda::MoeLaunch l = m.launch;
   l.x = static_cast<const float*>(a.x.data);
@@ -1125,18 +1207,24 @@ Status CudaBackend::moe(const MoeArgs& a) {
   l.accumulate = a.accum == Accum::kAdd;
   l.rows = static_cast<int>(a.x.rows);
   l.scratch = scr;
+  l.experts_read = experts_read_;
+  l.router_ticket = router_ticket_;
   sig_.add(OpTag::kMoe);
   sig_.add(a.moe.index);
   sig_.add(static_cast<int32_t>(a.accum));
   sig_.add(a.x);
   sig_.add(a.out);
+  sig_.add(k);
+  if (k == Kernels::kTensorCores) {
+    submit([l](cudaStream_t s) { cuda::launch_moe_grouped(l, s); }, "moe prefill");
+    return take_error_if_eager();
+  }
   if (profiling_ && !recording()) {
     double ms[cuda::kMoePhases] = {};
     cuda::launch_moe_profiled(l, stream_, ms);
     note_error(cudaGetLastError(), "kernel launch");
     static const char* const kPhases[cuda::kMoePhases] = {
-        "moe: router + shared gate products", "moe: route (softmax, top-k)", "moe: gate/up experts",
-        "moe: down experts + combine"};
+        "moe: router + shared gate + route", "moe: gate/up experts", "moe: down experts + combine"};
     for (int i = 0; i < cuda::kMoePhases; ++i) {
       CudaOpTime& t = profile_[kPhases[i]];
       ++t.count;
@@ -1216,10 +1304,20 @@ std::optional<CudaDeviceInfo> cuda_device_info(const Backend& backend) {
   return b->info();
 }
 
+Expected<int64_t> cuda_moe_experts_read(Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  if (b == nullptr) return make_error(ErrorCode::kUnsupported, "not the CUDA backend");
+  return b->experts_read();
+}
+
 std::optional<CudaStepStats> cuda_step_stats(const Backend& backend) {
   const auto* b = dynamic_cast<const CudaBackend*>(&backend);
   if (b == nullptr) return std::nullopt;
   return b->stats();
+}
+
+void set_cuda_reference_prefill(Backend& backend, bool on) {
+  if (auto* b = dynamic_cast<CudaBackend*>(&backend)) b->set_reference_prefill(on);
 }
 
 void set_cuda_op_profiling(Backend& backend, bool on) {
