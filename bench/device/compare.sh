@@ -60,6 +60,7 @@ for q in ${PD_QUANTS:-bf16 q8 q6}; do
       j=$det/bench_${b}_${q}_$round.json
       with $b timeout 150 build/$b/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
         --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 --json "$j" \
+        --commit "$(awk '/^commit/ {print $2}' build/$b/build_info.txt)" --note "$(sed -n 2p build/$b/build_info.txt)" \
         >"$det/bench_${b}_${q}_$round.log" 2>&1
       python3 - "$j" "$b" "$round" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
@@ -82,6 +83,7 @@ done
 if [ -n "${PD_CAND_LONG:-}" ]; then
   with cand timeout 300 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant bf16 \
     --contexts "$PD_CAND_LONG" --fill auto --tokens 128 --profile-steps 2 --json "$det/bench_cand_long.json" \
+    --commit "$(awk '/^commit/ {print $2}' build/cand/build_info.txt)" --note "$(sed -n 2p build/cand/build_info.txt)" \
     >"$det/bench_cand_long.log" 2>&1
   echo "long-context bench rc=$?" | tee -a "$out/summary.txt"
   tail -8 "$det/bench_cand_long.log" | tee -a "$out/summary.txt"
