@@ -138,12 +138,12 @@ double copy_bandwidth(Backend& be, int64_t bytes) {
 // One recorded step: forward over tokens (positions continue the state), argmax of the requested logits rows
 // on the device, then the ids are downloaded (the only host synchronisation).
 std::vector<int32_t> run_step(Model& m, SequenceState& st, std::span<const int32_t> tokens, LogitRows rows,
-                              const Buffer& ids) {
+                              const Buffer& ids, bool prefill = false) {
   Backend& be = m.backend();
   std::vector<int32_t> pos(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) pos[i] = st.length() + static_cast<int32_t>(i);
   check(be.begin_step());
-  Expected<StepOutput> o = m.forward(st, tokens, pos, {.logits = rows, .tap = {}});
+  Expected<StepOutput> o = m.forward(st, tokens, pos, {.logits = rows, .tap = {}, .prefill = prefill});
   if (o && !o->logits.empty()) {
     const Status s = be.argmax({.x = o->logits, .out = ids.row_slice(0, o->logits.rows)});
     if (!s) {
@@ -178,7 +178,7 @@ nlohmann::json row_exact_check(const BenchArgs& a, Model& m, const SynthModel& s
     for (int begin = 0; begin < prompt_len; begin += m.max_rows()) {
       const int n = std::min(m.max_rows(), prompt_len - begin);
       run_step(m, *st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-               LogitRows::kNone, ids);
+               LogitRows::kNone, ids, /*prefill=*/true);
     }
   }
   const std::vector<int32_t> toks = synth_tokens(sm.seed + 8, V, R);
@@ -256,7 +256,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     const int n = std::min(chunk, context - begin);
     const bool final_chunk = begin + n == context;
     last = run_step(m, st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids);
+                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids, /*prefill=*/true);
     if ((begin / chunk + 1) % 1024 == 0) {
       fmt::print(stderr, "  prefill {}/{} tokens, {:.1f} s\n", begin + n, context, seconds(p0, Clock::now()));
     }

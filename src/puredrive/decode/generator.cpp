@@ -187,8 +187,9 @@ class Generator::Run {
       positions.resize(static_cast<size_t>(rows));
       std::iota(positions.begin(), positions.end(), begin);
       const std::span<const int32_t> tokens = std::span(r_.prompt).subspan(static_cast<size_t>(begin), rows);
-      PD_ASSIGN_OR_RETURN(StepOutput out,
-                          g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}}));
+      PD_ASSIGN_OR_RETURN(
+          StepOutput out,
+          g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}, .prefill = true}));
       if (drafter_) {
         PD_TRY(drafter_->observe(
             st, begin, std::span(r_.prompt).subspan(static_cast<size_t>(begin) + 1, rows), out.hidden));
