@@ -192,6 +192,8 @@ if [ "${PD_SKIP_SANITIZER:-0}" != 1 ]; then
     "$bin/cuda_ops_tests" --gtest_filter='CudaAttention.*'
   run_phase "racecheck MoE + matmul (small)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
     "$bin/cuda_ops_tests" --gtest_filter='CudaOps.MoeMatchesCpuAndIsRowExact:CudaOps.MatmulEveryFormatRowExact'
+  run_phase "racecheck GDN prefill (small)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
+    "$bin/cuda_ops_tests" --gtest_filter='CudaGdnPrefill.MatchesCpuRecurrenceAndChunkedForm'
   unset PD_CUDA_TEST_SMALL
   run_phase "memcheck model subset (quick)" 60 "$cs" --tool memcheck --error-exitcode 9 "$bin/cuda_model_tests" \
     --gtest_filter='*MatchesCpu/qwen3next_f32:*MtpRows*/qwen35_mlx_q:*Repeated*/qwen35_bf16'

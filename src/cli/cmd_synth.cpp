@@ -62,8 +62,8 @@ void run_synth(const SynthArgs& a) {
     const size_t n = std::min<size_t>(8, prompt.size() - begin);
     std::vector<int32_t> pos(n);
     for (size_t i = 0; i < n; ++i) pos[i] = st->length() + static_cast<int32_t>(i);
-    Expected<StepOutput> o =
-        m.forward(*st, std::span(prompt).subspan(begin, n), pos, {.logits = LogitRows::kLast, .tap = {}});
+    Expected<StepOutput> o = m.forward(*st, std::span(prompt).subspan(begin, n), pos,
+                                       {.logits = LogitRows::kLast, .tap = {}, .prefill = true});
     if (!o) fail(o.status());
     logits = o->logits;
   }

@@ -3,8 +3,8 @@
 // continuations identical on float32 fixtures. Row-exactness on the GPU (every row of R = 2..8 steps equals
 // the one-row step bitwise: logits, hidden, KV, GDN state, also after rewinding to a snapshot), MTP rows,
 // recorded steps (CUDA graphs) equal eager steps, repeated runs bitwise identical; prefill steps wider than
-// kMaxRows (tensor-core kernels) within tolerance of one-row steps, and a prompt prefilled in pieces bitwise
-// equal to one piece. Skipped without a GPU.
+// kMaxRows (tensor-core kernels, chunked GDN prefill) within tolerance of one-row steps, and a prompt
+// prefilled in pieces bitwise equal to one piece. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -92,11 +92,11 @@ SequenceState new_state(Model& m, int ctx, DType kv, int max_rows = 8) {
 
 // A forward step, optionally recorded as one backend step (CUDA graph).
 StepOutput step(Model& m, SequenceState& st, std::span<const int32_t> tokens, bool record,
-                LogitRows rows = LogitRows::kAll) {
+                LogitRows rows = LogitRows::kAll, bool prefill = false) {
   Backend& be = m.backend();
   if (record) PD_ASSERT(be.begin_step().is_ok());
   Expected<StepOutput> o = m.forward(st, tokens, iota_from(st.length(), static_cast<int>(tokens.size())),
-                                     {.logits = rows, .tap = {}});
+                                     {.logits = rows, .tap = {}, .prefill = prefill});
   if (record) PD_ASSERT(be.end_step().is_ok());
   PD_ASSERT(o.has_value(), "{}", o.status().to_string());
   return *o;
@@ -257,9 +257,10 @@ TEST_P(CudaFixture, RowExactWithRollback) {
   }
 }
 
-// Prefill steps wider than kMaxRows use the tensor-core kernels (docs/DESIGN.md §4.1: prefill may use other
-// kernels): not bitwise, but within tolerance of one-row decode steps, with the same argmax wherever the
-// one-row logits have a clear winner, and the same greedy continuation on float32 fixtures.
+// Prefill steps wider than kMaxRows use the tensor-core kernels, and prefill steps the chunked GDN kernels
+// (docs/DESIGN.md §4.1: prefill may use other kernels): not bitwise, but within tolerance of one-row decode
+// steps, with the same argmax wherever the one-row logits have a clear winner, and the same greedy
+// continuation on float32 fixtures.
 TEST_P(CudaFixture, WidePrefillMatchesOneRowSteps) {
   std::string skip;
   std::unique_ptr<Pair> p = open_pair(GetParam(), 80, &skip);
@@ -267,10 +268,11 @@ TEST_P(CudaFixture, WidePrefillMatchesOneRowSteps) {
   Model& m = *p->gpu_model;
   Backend& be = *p->gpu;
   const int V = p->config().vocab_size;
-  const int n = 72;  // two row tiles, the second partial
+  const int n = 72;  // two row tiles and two GDN chunks, the second partial
   const std::vector<int32_t> tokens = random_tokens(V, n, 5);
   SequenceState wide = new_state(m, 128, DType::kF32, 80), narrow = new_state(m, 128, DType::kF32);
-  const std::vector<float> lw = download<float>(be, step(m, wide, tokens, false).logits);
+  const std::vector<float> lw =
+      download<float>(be, step(m, wide, tokens, false, LogitRows::kAll, /*prefill=*/true).logits);
   std::vector<float> ln;
   for (int i = 0; i < n; ++i) {
     const std::vector<float> l = download<float>(

@@ -239,6 +239,14 @@ struct GdnSnapshots {
 // g = -exp(A_log) * softplus(a + dt_bias), then per value head in fp32: S *= exp(g); S += k (beta (v - S^T
 // k))^T; o = S^T q; out = w * rmsnorm(o) * silu(z) per head. Updates state in place; when snapshots is not
 // empty the state after every row r is also written to snapshot row r.
+//
+// Decode and verify steps (prefill false) run that recurrence token by token, which keeps them row-exact.
+// Prefill steps (prefill true, no snapshots) run the chunked form of spec §5.7 over chunks of
+// kGdnPrefillChunk positions aligned to absolute positions (chunk boundaries where position % 64 == 0, the
+// first and last chunk of a step possibly partial): a prompt prefilled in pieces whose boundaries are
+// multiples of 64 leaves bitwise the same states and outputs as one piece (docs/DESIGN.md §4.6). The result
+// agrees with the recurrence within rounding, not bitwise.
+constexpr int kGdnPrefillChunk = 64;
 struct GatedDeltaNetArgs {
   GdnDims dims;
   Tensor qkv;        // F32 [R, C] in_proj_qkv output (pre-conv), q | k | v head-major
@@ -251,7 +259,9 @@ struct GatedDeltaNetArgs {
   VectorId norm;     // [Dv]
   GdnState state;
   GdnSnapshots snapshots;
-  Tensor out;  // F32 [R, Hv * Dv], input of out_proj
+  Tensor out;            // F32 [R, Hv * Dv], input of out_proj
+  bool prefill = false;  // the chunked form; requires empty snapshots
+  int32_t position = 0;  // absolute position of row 0 (places the chunk boundaries when prefill)
 };
 
 // The whole sparse MoE block (spec §6): fp32 softmax router, top-k (ties to the lower expert id),

@@ -4,7 +4,8 @@
 // picks one from config.arch (model_types: see supported_model_types() in model/model_config.h).
 //
 // A step is row-exact (docs/DESIGN.md §4.1): row r of an R-row step is bitwise the result of a one-row step
-// at the same position, so decode, verify and prefill all share one code path.
+// at the same position, so decode and verify share one code path; a prefill step (ForwardOptions::prefill)
+// may take faster kernels.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +40,12 @@ using TapFn = std::function<void(std::string_view name, const Tensor& t)>;
 struct ForwardOptions {
   LogitRows logits = LogitRows::kAll;
   TapFn tap = nullptr;  // optional
-  // A chunk of a prompt's prefill: the backend's prefill kernels run the products and the MoE whatever R
-  // (backend.h MatmulArgs::prefill), so the chunk's rows do not depend on where the prompt was split.
+  // A chunk of a prompt's prefill, never rolled back: the backend's prefill kernels run the products, the MoE
+  // and attention whatever R (backend.h MatmulArgs::prefill), and the GDN layers take the chunked form
+  // (spec §5.7) with chunks aligned to absolute positions and no per-row snapshots, so a prompt split at
+  // multiples of 64 gives the bits of one piece (docs/DESIGN.md §4.6). The rows are then not bitwise those of
+  // one-row steps (§4.1 lets prefill differ), so every prefill of a prompt, speculative or not, must set it
+  // alike.
   bool prefill = false;
 };
 

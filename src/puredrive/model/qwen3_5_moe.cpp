@@ -171,6 +171,7 @@ class Qwen35Moe final : public Model {
     GdnState gdn = {};
     GdnSnapshots snapshots = {};
     int32_t kv_length = 0;  // the step's last position + 1
+    int32_t first_position = 0;
   };
 
   Status check_rows(std::span<const int32_t> tokens, std::span<const int32_t> positions, int first,
@@ -358,7 +359,9 @@ Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, con
                               .norm = w.norm,
                               .state = cache.gdn,
                               .snapshots = cache.snapshots,
-                              .out = core}));
+                              .out = core,
+                              .prefill = prefill,
+                              .position = cache.first_position}));
   return be_.matmul({.w = w.out_proj, .x = core, .out = out, .accum = Accum::kAdd, .prefill = prefill});
 }
 
@@ -376,8 +379,8 @@ Expected<StepOutput> Qwen35Moe::forward(SequenceState& st, std::span<const int32
   const int64_t n = static_cast<int64_t>(tokens.size());
   PD_TRY(be_.upload(rows(ws_.tokens, n), tokens.data()));
   PD_TRY(be_.upload(rows(ws_.positions, n), positions.data()));
-  // Per-row GDN snapshots make every row of a verify step a rollback point.
-  const bool snapshots = n > 1 && n <= st.max_rows();
+  // Per-row GDN snapshots make every row of a verify step a rollback point; prefill rows are none.
+  const bool snapshots = !o.prefill && n > 1 && n <= st.max_rows();
 
   const Tensor h = rows(ws_.x, n);
   PD_TRY(be_.embed({.table = embed_tokens_, .tokens = rows(ws_.tokens, n), .out = h}));
@@ -386,6 +389,7 @@ Expected<StepOutput> Qwen35Moe::forward(SequenceState& st, std::span<const int32
     const int li = static_cast<int>(l);
     LayerCaches cache;
     cache.kv_length = positions.back() + 1;
+    cache.first_position = positions.front();
     if (layers_[l].type == LayerType::kFullAttention) {
       cache.kv = st.kv(li);
     } else {

@@ -48,6 +48,8 @@ Status check_tensor(const char* op, const char* arg, const Tensor& t, DType dtyp
   return check_tensor_on(Device::kCuda, op, arg, t, dtype, rows, cols);
 }
 
+static_assert(cuda::kGdnPrefillChunk == kGdnPrefillChunk, "the prefill kernels' chunk is backend.h's");
+
 Status check_kv(const char* op, const char* arg, const Tensor& t, int64_t cols) {
   PD_TRY(check_kv_layout(op, arg, t, cols));
   if (t.device != Device::kCuda) {
@@ -245,6 +247,7 @@ class CudaBackend final : public Backend {
     }
     cuda::set_attention_smem_limit(smem_optin_);
     cuda::init_mma_kernels();
+    cuda::set_gdn_prefill_smem_limit(smem_optin_);
     PD_CUDA_TRY(cudaGetLastError());
     PD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PD_CUDA_TRY(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
@@ -1087,13 +1090,8 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
 }
 
 Status CudaBackend::gated_delta_net(const GatedDeltaNetArgs& a) {
+  PD_TRY(validate_gated_delta_net(Device::kCuda, a));
   const GdnDims& d = a.dims;
-  if (d.num_k_heads <= 0 || d.num_v_heads <= 0 || d.num_v_heads % d.num_k_heads != 0 || d.k_head_dim <= 0 ||
-      d.v_head_dim <= 0 || d.conv_kernel < 1) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "gated_delta_net: bad dims (k heads {}, v heads {}, k dim {}, v dim {}, kernel {})",
-                      d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel);
-  }
   if (!cuda::gdn_supported(d.k_head_dim, d.v_head_dim) || d.conv_kernel > cuda::kMaxConvKernel) {
     return make_error(
         ErrorCode::kUnsupported,
@@ -1101,40 +1099,24 @@ Status CudaBackend::gated_delta_net(const GatedDeltaNetArgs& a) {
         "8..128 (multiples of 8) and conv kernels up to {} (got {}, {}, {})",
         cuda::kMaxConvKernel, d.k_head_dim, d.v_head_dim, d.conv_kernel);
   }
+  if (a.prefill && cuda::gdn_prefill_smem_bytes(d.k_head_dim, d.v_head_dim) > smem_optin_) {
+    return make_error(
+        ErrorCode::kUnsupported,
+        "gated_delta_net: the prefill kernels need {} bytes of shared memory for key head dim {} "
+        "and value head dim {}; the device allows {}",
+        cuda::gdn_prefill_smem_bytes(d.k_head_dim, d.v_head_dim), d.k_head_dim, d.v_head_dim, smem_optin_);
+  }
   const int64_t rows = a.qkv.rows;
-  const int64_t key_dim = int64_t{d.num_k_heads} * d.k_head_dim;
-  const int64_t value_dim = int64_t{d.num_v_heads} * d.v_head_dim;
-  const int64_t channels = 2 * key_dim + value_dim;
-  const int64_t state_size = int64_t{d.num_v_heads} * d.k_head_dim * d.v_head_dim;
-  PD_TRY(check_tensor("gated_delta_net", "qkv", a.qkv, DType::kF32, -1, channels));
-  PD_TRY(check_tensor("gated_delta_net", "z", a.z, DType::kF32, rows, value_dim));
-  PD_TRY(check_tensor("gated_delta_net", "b", a.b, DType::kF32, rows, d.num_v_heads));
-  PD_TRY(check_tensor("gated_delta_net", "a", a.a, DType::kF32, rows, d.num_v_heads));
-  PD_TRY(check_tensor("gated_delta_net", "out", a.out, DType::kF32, rows, value_dim));
-  PD_TRY(
-      check_tensor("gated_delta_net", "state.conv", a.state.conv, DType::kF32, d.conv_kernel - 1, channels));
-  PD_TRY(check_tensor("gated_delta_net", "state.recurrent", a.state.recurrent, DType::kF32, d.num_v_heads,
-                      int64_t{d.k_head_dim} * d.v_head_dim));
-  if (!a.state.conv.contiguous() || !a.state.recurrent.contiguous()) {
-    return make_error(ErrorCode::kInvalidArgument, "gated_delta_net: state tensors must be contiguous");
-  }
-  if (!a.snapshots.empty()) {
-    PD_TRY(check_tensor("gated_delta_net", "snapshots.conv", a.snapshots.conv, DType::kF32, -1,
-                        (d.conv_kernel - 1) * channels));
-    PD_TRY(check_tensor("gated_delta_net", "snapshots.recurrent", a.snapshots.recurrent, DType::kF32,
-                        a.snapshots.conv.rows, state_size));
-    if (a.snapshots.conv.rows < rows) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "gated_delta_net: {} snapshot rows for a step of {} rows", a.snapshots.conv.rows,
-                        rows);
-    }
-  }
+  const int64_t channels = 2 * int64_t{d.num_k_heads} * d.k_head_dim + int64_t{d.num_v_heads} * d.v_head_dim;
   PD_ASSIGN_OR_RETURN(const DevVector* conv1d, vector("gated_delta_net", a.conv1d, channels * d.conv_kernel));
   PD_ASSIGN_OR_RETURN(const DevVector* a_log, vector("gated_delta_net", a.A_log, d.num_v_heads));
   PD_ASSIGN_OR_RETURN(const DevVector* dt_bias, vector("gated_delta_net", a.dt_bias, d.num_v_heads));
   PD_ASSIGN_OR_RETURN(const DevVector* norm, vector("gated_delta_net", a.norm, d.v_head_dim));
-  PD_ASSIGN_OR_RETURN(void* scr,
-                      scratch(gdn_scratch_, cuda::gdn_scratch_floats(static_cast<int>(channels)) * 4));
+  const int64_t scratch_floats =
+      a.prefill ? cuda::gdn_prefill_scratch_floats(static_cast<int>(channels), d.num_v_heads, d.k_head_dim,
+                                                   d.v_head_dim, static_cast<int>(rows))
+                : cuda::gdn_scratch_floats(static_cast<int>(channels));
+  PD_ASSIGN_OR_RETURN(void* scr, scratch(gdn_scratch_, scratch_floats * 4));
 
   cuda::GdnLaunch g;
   g.num_k_heads = d.num_k_heads;
@@ -1167,16 +1149,30 @@ Status CudaBackend::gated_delta_net(const GatedDeltaNetArgs& a) {
   g.out_stride = a.out.stride;
   g.rows = static_cast<int>(rows);
   g.scratch = static_cast<float*>(scr);
+  if (a.prefill) {
+    g.chunk_offset = a.position % cuda::kGdnPrefillChunk;
+    const cuda::GdnPrefillCaps caps = cuda::gdn_prefill_caps(g.rows);
+    g.seg_rows_cap = caps.rows;
+    g.seg_chunks_cap = caps.chunks;
+  }
 
   sig_.add(OpTag::kGdn);
-  for (int v : {d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel}) sig_.add(v);
+  // A recorded prefill replays its chunk boundaries: they depend on the position modulo the chunk only.
+  for (int v : {d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel, int{a.prefill},
+                g.chunk_offset}) {
+    sig_.add(v);
+  }
   sig_.add_f(d.eps);
   for (const Tensor* t : {&a.qkv, &a.z, &a.b, &a.a, &a.state.conv, &a.state.recurrent, &a.snapshots.conv,
                           &a.snapshots.recurrent, &a.out}) {
     sig_.add(*t);
   }
   for (VectorId id : {a.conv1d, a.A_log, a.dt_bias, a.norm}) sig_.add(id.index);
-  submit([g](cudaStream_t s) { cuda::launch_gated_delta_net(g, s); }, "gated_delta_net");
+  if (a.prefill) {
+    submit([g](cudaStream_t s) { cuda::launch_gated_delta_net_prefill(g, s); }, "gated_delta_net prefill");
+  } else {
+    submit([g](cudaStream_t s) { cuda::launch_gated_delta_net(g, s); }, "gated_delta_net");
+  }
   return take_error_if_eager();
 }
 

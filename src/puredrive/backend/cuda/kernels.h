@@ -198,7 +198,11 @@ struct GdnLaunch {
   float* out = nullptr;
   int64_t out_stride = 0;
   int rows = 0;
-  float* scratch = nullptr;  // gdn_scratch_floats
+  float* scratch = nullptr;  // gdn_scratch_floats, or gdn_prefill_scratch_floats for the prefill kernels
+  // Prefill (gdn_prefill.cu): the absolute position of row 0 modulo kGdnPrefillChunk, and the scratch layout
+  // (gdn_prefill_caps).
+  int chunk_offset = 0;
+  int seg_rows_cap = 0, seg_chunks_cap = 0;
 };
 constexpr int kGdnChunk = 64;  // rows per conv + recurrence pass (bounds the scratch)
 int64_t gdn_scratch_floats(int channels);
@@ -206,6 +210,23 @@ bool gdn_supported(int k_head_dim, int v_head_dim);
 void launch_gated_delta_net(const GdnLaunch& g, cudaStream_t stream);
 // The recurrence + gated norm of rows [r0, r0 + rows) (rows <= kGdnChunk) from the conv outputs.
 void launch_gdn_recurrent(const GdnLaunch& g, int r0, int rows, const float* conv_out, cudaStream_t stream);
+
+// ---- Gated DeltaNet prefill: the chunked form over position-aligned chunks (gdn_prefill.cu) ----
+constexpr int kGdnPrefillChunk = 64;   // positions per chunk (backend.h kGdnPrefillChunk)
+constexpr int kGdnSegmentChunks = 16;  // chunks per pass of the three chunk kernels (bounds the scratch)
+struct GdnPrefillCaps {
+  int rows = 0;    // rows of one segment's per-row scratch
+  int chunks = 0;  // chunks of one segment
+};
+// The scratch a step of `rows` rows needs: one segment of at most kGdnSegmentChunks chunks at a time.
+GdnPrefillCaps gdn_prefill_caps(int rows);
+int64_t gdn_prefill_scratch_floats(int channels, int num_v_heads, int k_head_dim, int v_head_dim, int rows);
+// Dynamic shared memory the prefill kernels need (the largest of them); set_gdn_prefill_smem_limit() opts
+// them in to `bytes` (the device's limit, set once by the backend).
+size_t gdn_prefill_smem_bytes(int k_head_dim, int v_head_dim);
+void set_gdn_prefill_smem_limit(size_t bytes);
+// Dims as gdn_supported(); g.chunk_offset, g.seg_*_cap and g.scratch set for the prefill.
+void launch_gated_delta_net_prefill(const GdnLaunch& g, cudaStream_t stream);
 
 // ---- Sparse MoE block (moe.cu) ----
 struct MoeLaunch {
