@@ -563,6 +563,10 @@ class CudaBackend final : public Backend {
   Status gated_attention(const GatedAttentionArgs& a) override;
   Status gated_delta_net(const GatedDeltaNetArgs& a) override;
   Status moe(const MoeArgs& a) override;
+  Status sample(const SampleArgs& a) override {
+    PD_TRY(validate_sample(a, Device::kCuda));
+    return make_error(ErrorCode::kUnsupported, "sample: not yet on CUDA");
+  }
 
   Status argmax(const ArgmaxArgs& a) override {
     PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
