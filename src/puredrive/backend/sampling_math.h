@@ -159,19 +159,20 @@ PD_HD double det_log(double x) {
 
 // ---- Exact sums: unsigned 128-bit fixed point ----
 
+// Trivial (no member initializers) so that it can live in CUDA shared memory: write U128{} for zero.
 struct U128 {
-  uint64_t lo = 0;
-  uint64_t hi = 0;
+  uint64_t lo;
+  uint64_t hi;
 };
 
 PD_HD U128 add(U128 a, U128 b) {
-  U128 r;
+  U128 r{};
   r.lo = a.lo + b.lo;
   r.hi = a.hi + b.hi + (r.lo < a.lo ? 1u : 0u);
   return r;
 }
 PD_HD U128 sub(U128 a, U128 b) {  // a >= b
-  U128 r;
+  U128 r{};
   r.lo = a.lo - b.lo;
   r.hi = a.hi - b.hi - (a.lo < b.lo ? 1u : 0u);
   return r;
@@ -194,7 +195,7 @@ constexpr double kMinWeight = 0x1.0p-106;  // smaller weights are 0 in fixed poi
 
 // floor(w * 2^106) for w in [0, 2^21).
 PD_HD U128 to_fixed(double w) {
-  U128 r;
+  U128 r{};
   if (!(w >= kMinWeight)) return r;
   const uint64_t b = double_bits(w);
   const int e = static_cast<int>(b >> 52);
@@ -225,7 +226,7 @@ PD_HD uint64_t mul_hi64(uint64_t a, uint64_t b) {
 // floor(m * u / 2^64), exact; m < 2^127.
 PD_HD U128 mul_frac(U128 m, uint64_t u) {
   const uint64_t lo_hi = mul_hi64(m.lo, u);  // (m.lo * u) >> 64
-  U128 r;
+  U128 r{};
   r.lo = m.hi * u + lo_hi;
   r.hi = mul_hi64(m.hi, u) + (r.lo < lo_hi ? 1u : 0u);
   return r;

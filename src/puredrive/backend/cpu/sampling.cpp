@@ -64,7 +64,7 @@ void apply_top_k(int32_t k, std::vector<int32_t>& kept, std::vector<double>& w) 
 // only the bucket where the mass crosses the threshold is sorted: a large nucleus costs O(V), not O(V log V).
 void apply_top_p(double top_p, std::vector<int32_t>& kept, std::vector<double>& w) {
   if (top_p >= 1.0 || kept.size() <= 1) return;
-  U128 total;
+  U128 total{};
   std::vector<U128> bucket_mass(kNumBuckets);
   for (int32_t t : kept) {
     const U128 m = to_fixed(w[t]);
@@ -75,7 +75,7 @@ void apply_top_p(double top_p, std::vector<int32_t>& kept, std::vector<double>& 
   const double threshold = top_p * to_double(total);
   // A bucket whose end stays below the threshold is kept whole (double() is monotone).
   int b = kNumBuckets - 1;
-  U128 before;
+  U128 before{};
   while (b > 0 && to_double(add(before, bucket_mass[b])) < threshold) before = add(before, bucket_mass[b--]);
   const WeightDescIdAsc order{w.data()};
   int32_t last = -1;  // the last kept token in that order
@@ -105,7 +105,7 @@ void apply_top_p(double top_p, std::vector<int32_t>& kept, std::vector<double>& 
 
 // mass, W and probs from the final weights and kept set.
 void finish(TokenDistribution* d) {
-  U128 mass;
+  U128 mass{};
   for (int32_t t : d->kept) mass = add(mass, to_fixed(d->weights[t]));
   d->mass = mass;
   d->mass_weight = to_double(mass) * kFixedUnit;
@@ -118,7 +118,7 @@ template <typename MassFn>
 int32_t draw_by_mass(std::span<const int32_t> ids, U128 total, double u, const MassFn& mass) {
   if (is_zero(total)) return -1;
   const U128 x = mul_frac(total, unit_fraction(u));  // < total
-  U128 cum;
+  U128 cum{};
   int32_t last = -1;
   for (int32_t t : ids) {
     const U128 m = mass(t);
@@ -240,13 +240,13 @@ double residual_weight(double scale, const TokenDistribution& p, const TokenDist
 }
 
 double residual_mass(double scale, const TokenDistribution& p, const TokenDistribution& q) {
-  U128 z;
+  U128 z{};
   for (int32_t t : p.kept) z = add(z, to_fixed(residual_weight(scale, p, q, t)));
   return to_double(z) * kFixedUnit;
 }
 
 int32_t draw_residual(double scale, const TokenDistribution& p, const TokenDistribution& q, double u) {
-  U128 total;
+  U128 total{};
   for (int32_t t : p.kept) total = add(total, to_fixed(residual_weight(scale, p, q, t)));
   // Mathematically the rules never pick an empty residual; rounding can make one, and then y ~ p.
   const int32_t y =
@@ -353,7 +353,7 @@ double raw_log_normaliser(std::span<const float> logits) {
   for (float z : logits) top = std::max(top, z);
   if (top == -std::numeric_limits<float>::infinity()) return -std::numeric_limits<double>::infinity();
   const double z_max = static_cast<double>(top) + 0.0;
-  U128 sum;
+  U128 sum{};
   for (float z : logits) sum = add(sum, to_fixed(det_exp(static_cast<double>(z) - z_max)));
   return z_max + det_log(to_double(sum) * kFixedUnit);
 }
