@@ -44,8 +44,9 @@ class DeviceSampler {
   Backend& backend() const { return backend_; }
   int32_t vocab_size() const { return vocab_; }
 
-  // A request starts: `target` processes the target's rows, `draft` the drafter's (same bias and penalties,
-  // maybe another temperature). Uploads the logit bias and, with penalties, the prompt's history.
+  // A request starts: `target` processes the target's rows, `draft` the drafter's (the same penalties, maybe
+  // another temperature; target's logit bias applies to both). Uploads the logit bias and, with penalties,
+  // the prompt's history.
   Status begin(const SamplingParams& target, const SamplingParams& draft, std::span<const int32_t> prompt);
 
   // The drafts d_1..d_k the next verify() checks: draw_draft() leaves them here on the device; drafters that
