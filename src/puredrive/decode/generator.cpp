@@ -83,9 +83,9 @@ std::string DecodeResult::summary() const {
   }
   const double d = decode_seconds > 0 ? decode_seconds : 1.0;
   s += fmt::format(
-      ", prefill {:.3f} s, decode {:.3f} s (draft {:.0f}%, target {:.0f}% (verify {:.0f}%), sample {:.0f}%)",
-      prefill_seconds, decode_seconds, 100.0 * accept.draft_seconds / d, 100.0 * target_seconds / d,
-      100.0 * accept.verify_seconds / d, 100.0 * sample_seconds / d);
+      ", prefill {:.3f} s, decode {:.3f} s (draft {:.0f}%, verify {:.0f}%, plain steps {:.0f}%, sample {:.0f}%)",
+      prefill_seconds, decode_seconds, 100.0 * accept.draft_seconds / d, 100.0 * accept.verify_seconds / d,
+      100.0 * (target_seconds - accept.verify_seconds) / d, 100.0 * sample_seconds / d);
   return s;
 }
 

@@ -97,7 +97,7 @@ struct DecodeResult {
   double sample_seconds = 0;   // the sample op: processing, draws and acceptance, and its download
 
   // "... tokens/cycle 2.31, accepted 71.2% (per position 88.0% 69.1%), ... decode 1.2 s (draft 12%,
-  // target 80% (verify 60%), sample 5%)"
+  // verify 60%, plain steps 20%, sample 5%)"; with DecodeRequest::timing the shares are separate.
   std::string summary() const;
 };
 
