@@ -69,18 +69,25 @@ Expected<Tensor> DeviceSampler::draft_rows(int k) {
   return draft_rows_.row_slice(0, k);
 }
 
-Status DeviceSampler::run(SampleArgs& a, int rows, std::span<const double> uniforms, uint64_t seed,
-                          int64_t position) {
+Status DeviceSampler::stage(std::span<const double> uniforms, uint64_t seed, int64_t position) {
+  if (uniforms.size() > static_cast<size_t>(kSampleMaxRows)) {
+    return make_error(ErrorCode::kInvalidArgument, "{} uniforms; the sampler takes at most {}",
+                      uniforms.size(), kSampleMaxRows);
+  }
+  control_host_.assign(kSampleControlWords, 0);
+  control_host_[kControlSeed] = static_cast<int64_t>(seed);
+  control_host_[kControlPosition] = position;
+  for (size_t i = 0; i < uniforms.size(); ++i) {
+    control_host_[kControlUniforms + i] = static_cast<int64_t>(double_bits(uniforms[i]));
+  }
+  return backend_.upload(control_.tensor(), control_host_.data());
+}
+
+Status DeviceSampler::run(SampleArgs& a, int rows) {
   a.control = control_.tensor();
   a.out = out_.tensor().col_slice(0, sample_out_words(rows, a.logprobs));
   if (has_bias_) a.bias = bias_.tensor();
   if (penalised_) a.history = history_.tensor();
-  control_host_[kControlSeed] = static_cast<int64_t>(seed);
-  control_host_[kControlPosition] = position;
-  for (size_t i = 0; i < uniforms.size() && i < static_cast<size_t>(kSampleMaxRows); ++i) {
-    control_host_[kControlUniforms + i] = static_cast<int64_t>(double_bits(uniforms[i]));
-  }
-  PD_TRY(backend_.upload(a.control, control_host_.data()));
   PD_TRY(backend_.sample(a));
   out_host_.resize(static_cast<size_t>(a.out.cols));
   PD_TRY(backend_.download(out_host_.data(), a.out));
@@ -107,8 +114,7 @@ Status DeviceSampler::run(SampleArgs& a, int rows, std::span<const double> unifo
   return make_error(ErrorCode::kInternal, "sampler: unknown status {}", out_host_[kSampleOutStatus]);
 }
 
-Expected<int32_t> DeviceSampler::draw_draft(const Tensor& row, AcceptRule rule, int prior, double u,
-                                            uint64_t seed, int64_t position) {
+Expected<int32_t> DeviceSampler::draw_draft(const Tensor& row, AcceptRule rule, int prior) {
   SampleArgs a;
   a.rule = sample_rule(rule);
   a.target = draft_;
@@ -116,14 +122,12 @@ Expected<int32_t> DeviceSampler::draw_draft(const Tensor& row, AcceptRule rule, 
   a.drafts = drafts_.tensor();
   a.prior = prior;
   a.write_draft = true;
-  const bool uses_u = rule == AcceptRule::kTokenwise || rule == AcceptRule::kBlock;
-  PD_TRY(run(a, 1, uses_u ? std::span<const double>(&u, 1) : std::span<const double>(), seed, position));
+  PD_TRY(run(a, 1));
   return out_host_[kSampleOutTokens];
 }
 
 Expected<const Verdict*> DeviceSampler::verify(const Tensor& logits, const Tensor& draft_rows,
-                                               const Verifier& verifier, std::span<const double> uniforms,
-                                               uint64_t seed, int64_t first_position, int top_logprobs) {
+                                               const Verifier& verifier, int top_logprobs) {
   const int rows = static_cast<int>(logits.rows);
   const AcceptRule rule = verifier.rule();
   const bool needs_q = rows > 1 && (rule == AcceptRule::kTokenwise || rule == AcceptRule::kBlock);
@@ -137,7 +141,7 @@ Expected<const Verdict*> DeviceSampler::verify(const Tensor& logits, const Tenso
   a.drafts = drafts_.tensor();
   a.commit = penalised_;
   a.logprobs = top_logprobs < 0 ? -1 : top_logprobs;
-  PD_TRY(run(a, rows, uniforms, seed, first_position));
+  PD_TRY(run(a, rows));
   Verdict& v = verdict_;
   v.accepted = out_host_[kSampleOutAccepted];
   v.tokens.assign(out_host_.begin() + kSampleOutTokens,

@@ -56,23 +56,27 @@ class DeviceSampler {
   // Rows [0, k) for the draft distributions q_1..q_k (F32 [k, V]), allocated on first use.
   Expected<Tensor> draft_rows(int k);
 
+  // The control values of the next draw_draft() or verify(): the seed of the seeded noise, the absolute
+  // position of the first token the call draws, and the uniforms of kTokenwise / kBlock (Verifier::accept's
+  // order: k + 1 for a verify, 1 for a draw; empty for the other rules). Staged before the step that produces
+  // the call's rows is queued, the upload does not wait for that step.
+  Status stage(std::span<const double> uniforms, uint64_t seed, int64_t position);
+
   // The drafter's draw from one logits row (F32 [1, V]) with the draft params, after `prior` drafts of this
-  // cycle (they count in the penalties): `rule`'s draw_token() with uniform u (kTokenwise / kBlock) or the
-  // seeded noise at `position`. Stores the token as draft prior + 1 and returns it.
-  Expected<int32_t> draw_draft(const Tensor& row, AcceptRule rule, int prior, double u, uint64_t seed,
-                               int64_t position);
+  // cycle (they count in the penalties): `rule`'s draw_token() with the staged uniform or the seeded noise at
+  // the staged position. Stores the token as draft prior + 1 and returns it.
+  Expected<int32_t> draw_draft(const Tensor& row, AcceptRule rule, int prior);
 
   // Verifies drafts d_1..d_k (k = logits.rows - 1; k = 0 is a plain step) against the target rows p_0..p_k
-  // with `verifier`; draft_rows holds q_1..q_k for kTokenwise / kBlock. uniforms: k + 1 for kTokenwise /
-  // kBlock (Verifier::accept's order), else empty. The emitted tokens join the history. top_logprobs: -1 or
-  // how many alternatives each emitted token lists.
+  // with `verifier` and the staged control (position: that of d_1); draft_rows holds q_1..q_k for
+  // kTokenwise / kBlock. The emitted tokens join the history. top_logprobs: -1 or how many alternatives each
+  // emitted token lists.
   Expected<const Verdict*> verify(const Tensor& logits, const Tensor& draft_rows, const Verifier& verifier,
-                                  std::span<const double> uniforms, uint64_t seed, int64_t first_position,
                                   int top_logprobs);
 
  private:
   DeviceSampler(Backend& backend, int32_t vocab) : backend_(backend), vocab_(vocab) {}
-  Status run(SampleArgs& args, int rows, std::span<const double> uniforms, uint64_t seed, int64_t position);
+  Status run(SampleArgs& args, int rows);
 
   Backend& backend_;
   int32_t vocab_;

@@ -86,11 +86,15 @@ void run(const DecodeCase& r, uint64_t seed) {
       const std::span<const float> row(draft_rows.data() + static_cast<size_t>(j) * r.vocab,
                                        static_cast<size_t>(r.vocab));
       ASSERT_TRUE(process_logits(row, r.draft, &history, &q[static_cast<size_t>(j)]).is_ok());
-      const int32_t host = draw_token(r.rule, q[static_cast<size_t>(j)], host_draft, noise_seed, position + j + 1);
+      const int32_t host =
+          draw_token(r.rule, q[static_cast<size_t>(j)], host_draft, noise_seed, position + j + 1);
       if (r.device_drafts) {
         const bool uses_u = needs_q;
-        Expected<int32_t> dev = ds.draw_draft(rows.row_slice(j, 1), r.rule, j, uses_u ? dev_draft.uniform() : 0.5,
-                                              noise_seed, position + j + 1);
+        const double u = uses_u ? dev_draft.uniform() : 0.0;
+        ASSERT_TRUE(ds.stage(uses_u ? std::span<const double>(&u, 1) : std::span<const double>(), noise_seed,
+                             position + j + 1)
+                        .is_ok());
+        Expected<int32_t> dev = ds.draw_draft(rows.row_slice(j, 1), r.rule, j);
         ASSERT_TRUE(dev.has_value()) << dev.status().to_string();
         ASSERT_EQ(*dev, host) << "draft " << j + 1 << " of step " << step;
       }
@@ -111,13 +115,13 @@ void run(const DecodeCase& r, uint64_t seed) {
       ASSERT_TRUE(process_logits(row, r.target, &history, &p[static_cast<size_t>(j)]).is_ok());
     }
     for (int j = k; j > 0; --j) history.pop(drafts[static_cast<size_t>(j) - 1]);
-    const AcceptResult want = verifier.accept({.drafts = drafts,
-                                               .target = p,
-                                               .draft = needs_q ? std::span<const TokenDistribution>(q)
-                                                                : std::span<const TokenDistribution>(),
-                                               .seed = noise_seed,
-                                               .first_position = position + 1},
-                                              host_accept);
+    const AcceptResult want = verifier.accept(
+        {.drafts = drafts,
+         .target = p,
+         .draft = needs_q ? std::span<const TokenDistribution>(q) : std::span<const TokenDistribution>(),
+         .seed = noise_seed,
+         .first_position = position + 1},
+        host_accept);
     // ... and with the op.
     std::vector<double> uniforms;
     if (needs_q) {
@@ -125,8 +129,8 @@ void run(const DecodeCase& r, uint64_t seed) {
     }
     const Tensor logits = logits_buf->row_slice(0, k + 1);
     ASSERT_TRUE((*be)->upload(logits, target_rows.data()).is_ok());
-    Expected<const Verdict*> got =
-        ds.verify(logits, rows, verifier, uniforms, noise_seed, position + 1, r.top_logprobs);
+    ASSERT_TRUE(ds.stage(uniforms, noise_seed, position + 1).is_ok());
+    Expected<const Verdict*> got = ds.verify(logits, rows, verifier, r.top_logprobs);
     ASSERT_TRUE(got.has_value()) << got.status().to_string();
     const Verdict& v = **got;
     ASSERT_EQ(v.accepted, want.num_accepted) << "step " << step << " k " << k;
@@ -157,14 +161,15 @@ TEST(DeviceSampler, MatchesTheHostSamplerOverDecodeRuns) {
   std::mt19937_64 gen(2024);
   int runs = 0;
   for (int vocab : {3, 64, 1000}) {
-    for (AcceptRule rule : {AcceptRule::kGreedy, AcceptRule::kTokenwise, AcceptRule::kBlock, AcceptRule::kSeeded}) {
+    for (AcceptRule rule :
+         {AcceptRule::kGreedy, AcceptRule::kTokenwise, AcceptRule::kBlock, AcceptRule::kSeeded}) {
       for (int variant = 0; variant < 3; ++variant) {
         DecodeCase r{.vocab = vocab,
-              .rule = rule,
-              .target = random_params(gen, rule == AcceptRule::kGreedy),
-              .draft = {},
-              .top_logprobs = variant == 0 ? -1 : (variant == 1 ? 0 : 5),
-              .device_drafts = variant != 1};
+                     .rule = rule,
+                     .target = random_params(gen, rule == AcceptRule::kGreedy),
+                     .draft = {},
+                     .top_logprobs = variant == 0 ? -1 : (variant == 1 ? 0 : 5),
+                     .device_drafts = variant != 1};
         if (variant == 2) r.target.logit_bias = {{1, 2.0f}, {vocab - 1, -100.0f}};
         r.draft = r.target;  // as the generator: the draft side differs in temperature at most
         if (rule == AcceptRule::kTokenwise || rule == AcceptRule::kBlock) {
@@ -191,14 +196,15 @@ TEST(DeviceSampler, ReportsBadRowsAndDraftsAsErrors) {
   rows[8 + 5] = std::nanf("");
   ASSERT_TRUE((*be)->upload(logits->tensor(), rows.data()).is_ok());
   ASSERT_TRUE((*ds)->upload_drafts(std::vector<int32_t>{3}).is_ok());
-  Expected<const Verdict*> v = (*ds)->verify(logits->tensor(), Tensor{}, Verifier(AcceptRule::kSeeded), {}, 1, 3, -1);
+  ASSERT_TRUE((*ds)->stage({}, 1, 3).is_ok());
+  Expected<const Verdict*> v = (*ds)->verify(logits->tensor(), Tensor{}, Verifier(AcceptRule::kSeeded), -1);
   ASSERT_FALSE(v.has_value());
   EXPECT_NE(v.status().message().find("row 1 has a NaN or +inf logit at token 5"), std::string::npos)
       << v.status().message();
   rows[8 + 5] = 0.0f;
   ASSERT_TRUE((*be)->upload(logits->tensor(), rows.data()).is_ok());
   ASSERT_TRUE((*ds)->upload_drafts(std::vector<int32_t>{9}).is_ok());
-  v = (*ds)->verify(logits->tensor(), Tensor{}, Verifier(AcceptRule::kGreedy), {}, 1, 3, -1);
+  v = (*ds)->verify(logits->tensor(), Tensor{}, Verifier(AcceptRule::kGreedy), -1);
   ASSERT_FALSE(v.has_value());
   EXPECT_NE(v.status().message().find("draft 1 is token 9, outside the vocabulary"), std::string::npos)
       << v.status().message();

@@ -83,7 +83,8 @@ std::string DecodeResult::summary() const {
   }
   const double d = decode_seconds > 0 ? decode_seconds : 1.0;
   s += fmt::format(
-      ", prefill {:.3f} s, decode {:.3f} s (draft {:.0f}%, verify {:.0f}%, plain steps {:.0f}%, sample {:.0f}%)",
+      ", prefill {:.3f} s, decode {:.3f} s (draft {:.0f}%, verify {:.0f}%, plain steps {:.0f}%, sample "
+      "{:.0f}%)",
       prefill_seconds, decode_seconds, 100.0 * accept.draft_seconds / d, 100.0 * accept.verify_seconds / d,
       100.0 * (target_seconds - accept.verify_seconds) / d, 100.0 * sample_seconds / d);
   return s;
@@ -182,16 +183,20 @@ class Generator::Run {
   // Waits for the device when the request times the phases apart.
   Status settle() { return r_.timing ? g_.model_.backend().synchronize() : Status::ok(); }
 
-  // The sample op over the target rows of a step: a plain step (1 row) or a verify step (k + 1 rows).
-  Status sample(const Tensor& logits, const Tensor& draft_rows, int64_t first_position) {
-    const auto t0 = Clock::now();
-    const int k = static_cast<int>(logits.rows) - 1;
+  // Stages the sample op's control for a step of k + 1 rows whose first drawn token is at `position`: the
+  // uniforms come from the acceptance stream in Verifier::accept's order.
+  Status stage(int k, int64_t position) {
     uniforms_.clear();
     if (uses_uniforms()) {
       for (int j = 0; j <= k; ++j) uniforms_.push_back(accept_rng_.uniform());
     }
-    PD_ASSIGN_OR_RETURN(verdict_, sampler_.verify(logits, draft_rows, verifier_, uniforms_, seed_,
-                                                  first_position, r_.top_logprobs));
+    return sampler_.stage(uniforms_, seed_, position);
+  }
+
+  // The sample op over the target rows of a step: a plain step (1 row) or a verify step (k + 1 rows).
+  Status sample(const Tensor& logits, const Tensor& draft_rows) {
+    const auto t0 = Clock::now();
+    PD_ASSIGN_OR_RETURN(verdict_, sampler_.verify(logits, draft_rows, verifier_, r_.top_logprobs));
     result_.sample_seconds += seconds_since(t0);
     return Status::ok();
   }
@@ -200,6 +205,7 @@ class Generator::Run {
     SequenceState& st = g_.state_;
     const int32_t token = seq_.back();
     const auto position = static_cast<int32_t>(seq_.size() - 1);
+    PD_TRY(stage(0, position + 1));
     const auto t0 = Clock::now();
     PD_ASSIGN_OR_RETURN(StepOutput out, g_.model_.forward(st, std::span(&token, 1), std::span(&position, 1),
                                                           {.logits = LogitRows::kLast, .tap = {}}));
@@ -207,7 +213,7 @@ class Generator::Run {
     result_.target_seconds += seconds_since(t0);
     ++result_.steps;
     ++result_.plain_steps;
-    PD_TRY(sample(out.logits, Tensor{}, position + 1));
+    PD_TRY(sample(out.logits, Tensor{}));
     emitted_ = verdict_->tokens;
     PD_TRY(emit(out.logits));
     if (!done_ && drafter_) PD_TRY(drafter_->observe(st, position, emitted_, out.hidden));
@@ -239,6 +245,7 @@ class Generator::Run {
     result_.accept.draft_seconds += seconds_since(t0);
 
     // Verify: one target step over [x_n, d_1..d_k], then the sample op accepts a prefix and draws y.
+    PD_TRY(stage(k, n + 1));
     t0 = Clock::now();
     rows_.assign(1, seq_.back());
     rows_.insert(rows_.end(), block_.tokens.begin(), block_.tokens.end());
@@ -255,7 +262,7 @@ class Generator::Run {
     if (uses_uniforms()) {
       PD_ASSIGN_OR_RETURN(draft_rows, sampler_.draft_rows(k));
     }
-    PD_TRY(sample(out.logits, draft_rows, n + 1));
+    PD_TRY(sample(out.logits, draft_rows));
     const int a = verdict_->accepted;
     result_.accept.record(k, a);
     result_.cycle_accepted.push_back(a);

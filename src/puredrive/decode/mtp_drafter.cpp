@@ -76,9 +76,17 @@ Status MtpDrafter::draft(SequenceState& state, const DraftContext& ctx, DraftBlo
     PD_ASSIGN_OR_RETURN(rows, ctx.sampler->draft_rows(ctx.num_draft));
   }
   const bool uses_u = ctx.rule == AcceptRule::kTokenwise || ctx.rule == AcceptRule::kBlock;
+  // The draw's control goes up before the head's step is queued (the upload then waits for nothing).
+  auto stage = [&](int j) {
+    const double u = uses_u ? ctx.rng->uniform() : 0.0;
+    return ctx.sampler->stage(uses_u ? std::span<const double>(&u, 1) : std::span<const double>(), ctx.seed,
+                              n + j + 1);
+  };
+  PD_TRY(stage(0));
   PD_ASSIGN_OR_RETURN(StepOutput step, flush(state, LogitRows::kLast));
   for (int j = 0; j < ctx.num_draft; ++j) {
     if (j > 0) {
+      PD_TRY(stage(j));
       // Chain: (d_j, the previous post-norm hidden) at position n + j - 1 predicts d_{j+1}.
       const int32_t token = out->tokens.back();
       const auto position = static_cast<int32_t>(n + j - 1);
@@ -87,8 +95,7 @@ Status MtpDrafter::draft(SequenceState& state, const DraftContext& ctx, DraftBlo
                                                    {.logits = LogitRows::kLast, .tap = {}}));
     }
     if (!rows.empty()) PD_TRY(model_.backend().copy(rows.row_slice(j, 1), step.logits));
-    const double u = uses_u ? ctx.rng->uniform() : 0.5;
-    PD_ASSIGN_OR_RETURN(int32_t d, ctx.sampler->draw_draft(step.logits, ctx.rule, j, u, ctx.seed, n + j + 1));
+    PD_ASSIGN_OR_RETURN(int32_t d, ctx.sampler->draw_draft(step.logits, ctx.rule, j));
     out->tokens.push_back(d);
   }
   return Status::ok();
