@@ -86,6 +86,7 @@ run_phase() {
 bin=$bundle/bin
 run_phase "cuda_ops_tests" 150 "$bin/cuda_ops_tests"
 run_phase "cuda_model_tests" 150 "$bin/cuda_model_tests"
+run_phase "cuda_sampling_tests" 150 "$bin/cuda_sampling_tests"
 
 # Synthetic weights generated on the device equal the host-materialised ones: same greedy tokens on CUDA and CPU.
 for q in bf16 q6; do
@@ -195,6 +196,11 @@ if [ "${PD_SKIP_SANITIZER:-0}" != 1 ]; then
   run_phase "racecheck GDN prefill (small)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
     "$bin/cuda_ops_tests" --gtest_filter='CudaGdnPrefill.MatchesCpuRecurrenceAndChunkedForm'
   unset PD_CUDA_TEST_SMALL
+  # The sample op: shared-memory races in its selection and scans, out-of-bounds accesses.
+  run_phase "racecheck sampling (quick)" 60 "$cs" --tool racecheck --error-exitcode 9 "$bin/cuda_sampling_tests" \
+    --gtest_filter='CudaSample.MixedCasesSmallVocabularies:CudaSample.DeepSelection'
+  run_phase "memcheck sampling (quick)" 60 "$cs" --tool memcheck --error-exitcode 9 "$bin/cuda_sampling_tests" \
+    --gtest_filter='CudaSample.MixedCases*'
   run_phase "memcheck model subset (quick)" 60 "$cs" --tool memcheck --error-exitcode 9 "$bin/cuda_model_tests" \
     --gtest_filter='*MatchesCpu/qwen3next_f32:*MtpRows*/qwen35_mlx_q:*Repeated*/qwen35_bf16'
   unset PD_CUDA_TEST_QUICK

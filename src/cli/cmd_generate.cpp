@@ -116,6 +116,7 @@ Expected<DecodeRequest> make_request(const GenerateArgs& a, const ModelSession& 
   if (a.draft_temp_opt->count() > 0) r.draft_temperature = a.draft_temperature;
   if (!a.ignore_eos) r.stop_token_ids = s.defaults.eos_token_ids;
   r.keep_last_logits = !a.logits_out.empty();
+  r.timing = a.stats;
   r.num_draft = a.no_mtp || !s.generator->has_drafter() ? 0 : a.mtp_draft;
   if (a.accept == "greedy") r.rule = AcceptRule::kGreedy;
   if (a.accept == "token") r.rule = AcceptRule::kTokenwise;

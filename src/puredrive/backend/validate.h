@@ -164,4 +164,77 @@ inline Status validate_gated_delta_net(Device device, const GatedDeltaNetArgs& a
   return Status::ok();
 }
 
+inline Status check_sample_params(const char* which, const SampleParams& p) {
+  const bool ok = p.temperature >= 0.0f && p.temperature < 1e30f && p.top_k >= 0 && p.top_p > 0.0f &&
+                  p.top_p <= 1.0f && p.min_p >= 0.0f && p.min_p <= 1.0f && p.repetition_penalty > 0.0f &&
+                  p.repetition_penalty < 1e30f && p.presence_penalty > -1e30f && p.presence_penalty < 1e30f &&
+                  p.frequency_penalty > -1e30f && p.frequency_penalty < 1e30f;
+  if (ok) return Status::ok();
+  return make_error(
+      ErrorCode::kInvalidArgument,
+      "sample: {} params out of range (temperature {}, top_k {}, top_p {}, min_p {}, repetition "
+      "{}, presence {}, frequency {})",
+      which, p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
+      p.frequency_penalty);
+}
+
+// The sample op's arguments (backend.h SampleArgs), in the memory of `device`.
+inline Status validate_sample(const SampleArgs& a, Device device) {
+  const char* op = "sample";
+  PD_TRY(check_tensor_on(device, op, "logits", a.logits, DType::kF32, -1, -1));
+  const int64_t rows = a.logits.rows;
+  const int64_t vocab = a.logits.cols;
+  if (rows < 1 || rows > kSampleMaxRows || vocab < 1 || vocab > kSampleMaxVocab) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "sample: logits is [{}, {}]; rows must be in 1..{} and the vocabulary in 1..{}", rows,
+                      vocab, kSampleMaxRows, kSampleMaxVocab);
+  }
+  const int64_t k = rows - 1;
+  const int rule = static_cast<int>(a.rule);
+  if (rule < 0 || rule > 3) return make_error(ErrorCode::kInvalidArgument, "sample: unknown rule {}", rule);
+  const bool needs_q = a.rule == SampleRule::kTokenwise || a.rule == SampleRule::kBlock;
+  const bool faulty_ok = a.faulty == 0 ||
+                         ((a.faulty == 1 || a.faulty == 2) && a.rule == SampleRule::kBlock) ||
+                         (a.faulty == 3 && a.rule == SampleRule::kTokenwise);
+  if (!faulty_ok) {
+    return make_error(ErrorCode::kInvalidArgument, "sample: faulty variant {} does not fit rule {}", a.faulty,
+                      rule);
+  }
+  PD_TRY(check_sample_params("target", a.target));
+  if (needs_q && k > 0) {
+    PD_TRY(check_sample_params("draft", a.draft));
+    PD_TRY(check_tensor_on(device, op, "draft_logits", a.draft_logits, DType::kF32, k, vocab));
+    if (a.prior != 0) {
+      return make_error(ErrorCode::kInvalidArgument, "sample: verifying with draft rows needs prior = 0");
+    }
+  }
+  if (a.prior < 0 || a.prior + k >= kSampleMaxRows) {
+    return make_error(ErrorCode::kInvalidArgument, "sample: prior {} with {} drafts exceeds {}", a.prior, k,
+                      kSampleMaxRows - 1);
+  }
+  if (a.write_draft && k != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "sample: write_draft needs a single row, got {}", rows);
+  }
+  const int64_t draft_words = a.prior + k + (a.write_draft ? 1 : 0);
+  if (draft_words > 0) {
+    PD_TRY(check_tensor_on(device, op, "drafts", a.drafts, DType::kI32, 1, -1));
+    if (a.drafts.cols < draft_words) {
+      return make_error(ErrorCode::kInvalidArgument, "sample: drafts has {} entries, {} needed",
+                        a.drafts.cols, draft_words);
+    }
+  }
+  if (!a.bias.empty()) PD_TRY(check_tensor_on(device, op, "bias", a.bias, DType::kF32, 1, vocab));
+  const bool penalised = a.target.penalised() || (needs_q && k > 0 && a.draft.penalised());
+  if (penalised || a.commit || !a.history.empty()) {
+    PD_TRY(check_tensor_on(device, op, "history", a.history, DType::kI32, 1, vocab));
+  }
+  PD_TRY(check_tensor_on(device, op, "control", a.control, DType::kI64, 1, kSampleControlWords));
+  if (a.logprobs < -1 || a.logprobs > kSampleMaxLogprobs) {
+    return make_error(ErrorCode::kInvalidArgument, "sample: logprobs {} outside -1..{}", a.logprobs,
+                      kSampleMaxLogprobs);
+  }
+  return check_tensor_on(device, op, "out", a.out, DType::kI32, 1,
+                         sample_out_words(static_cast<int>(rows), a.logprobs));
+}
+
 }  // namespace pd

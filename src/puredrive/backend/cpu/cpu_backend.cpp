@@ -9,6 +9,7 @@
 
 #include "puredrive/backend/cpu/cpu_ops.h"
 #include "puredrive/backend/cpu/kernels.h"
+#include "puredrive/backend/cpu/sampling.h"
 #include "puredrive/backend/validate.h"
 #include "puredrive/util/thread_pool.h"
 
@@ -229,6 +230,12 @@ class CpuBackend final : public Backend {
     PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
     PD_TRY(check_tensor("argmax", "out", a.out, DType::kI32, a.x.rows, 1));
     cpu::argmax(a.x, a.out);
+    return Status::ok();
+  }
+
+  Status sample(const SampleArgs& a) override {
+    PD_TRY(validate_sample(a, Device::kCpu));
+    cpu::sample(a);
     return Status::ok();
   }
 

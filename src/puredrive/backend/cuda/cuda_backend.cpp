@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "puredrive/backend/cuda/kernels.h"
+#include "puredrive/backend/cuda/sampling.h"
 #include "puredrive/backend/cuda/synth_rng.h"
 #include "puredrive/backend/cuda/synth_source.h"
 #include "puredrive/backend/validate.h"
@@ -197,7 +198,8 @@ enum class OpTag : uint32_t {
   kGdn,
   kMoe,
   kArgmax,
-  kMatmuls
+  kMatmuls,
+  kSample
 };
 
 struct BoundMoe {
@@ -213,7 +215,7 @@ class CudaBackend final : public Backend {
     clear_graphs();
     release_retired();
     for (void* p : weights_) cudaFree(p);
-    for (Scratch* s : {&attn_scratch_, &gdn_scratch_, &moe_scratch_}) {
+    for (Scratch* s : {&attn_scratch_, &gdn_scratch_, &moe_scratch_, &sample_scratch_}) {
       if (s->ptr != nullptr) cudaFree(s->ptr);
     }
     if (staging_ != nullptr) cudaFreeHost(staging_);
@@ -624,6 +626,7 @@ class CudaBackend final : public Backend {
   Status gated_attention(const GatedAttentionArgs& a) override;
   Status gated_delta_net(const GatedDeltaNetArgs& a) override;
   Status moe(const MoeArgs& a) override;
+  Status sample(const SampleArgs& a) override;
 
   Status argmax(const ArgmaxArgs& a) override {
     PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
@@ -996,7 +999,7 @@ class CudaBackend final : public Backend {
   int64_t bound_bytes_ = 0;
 
   static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
-  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_;
+  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_, sample_scratch_;
   unsigned long long* experts_read_ = nullptr;  // distinct experts read by decode MoE chunks, ever
   int* router_ticket_ = nullptr;                // MoeLaunch::router_ticket
   std::vector<void*> retired_device_;
@@ -1015,6 +1018,71 @@ class CudaBackend final : public Backend {
   CudaStepStats stats_;
   Status sticky_;
 };
+
+cuda::SampleRowParams row_params(const SampleParams& p) {
+  return {.temperature = p.temperature,
+          .top_k = p.top_k,
+          .top_p = p.top_p,
+          .min_p = p.min_p,
+          .presence = p.presence_penalty,
+          .frequency = p.frequency_penalty,
+          .repetition = p.repetition_penalty};
+}
+
+// The kernels (sampling_*.cu) are C++17 and cannot see backend.h: they repeat its layout constants.
+static_assert(kSampleMaxRows == 16 && kSampleMaxLogprobs == 20 && kHistoryPromptBit == (1 << 30) &&
+              kControlSeed == 0 && kControlPosition == 1 && kControlUniforms == 2 && kSampleOutStatus == 0 &&
+              kSampleOutAccepted == 3 && kSampleOutTokens == 4 && kSampleMaxVocab == (1 << 20));
+static_assert(static_cast<int>(SampleStatus::kNonFinite) == 1 &&
+              static_cast<int>(SampleStatus::kAllMasked) == 2 &&
+              static_cast<int>(SampleStatus::kDraftNotInDraft) == 3 &&
+              static_cast<int>(SampleStatus::kBadToken) == 4);
+
+Status CudaBackend::sample(const SampleArgs& a) {
+  PD_TRY(validate_sample(a, Device::kCuda));
+  const bool needs_q = a.rule == SampleRule::kTokenwise || a.rule == SampleRule::kBlock;
+  cuda::SampleLaunch l;
+  l.rule = static_cast<int>(a.rule);
+  l.faulty = a.faulty;
+  l.target = row_params(a.target);
+  l.draft = row_params(a.draft);
+  l.logits = static_cast<const float*>(a.logits.data);
+  l.logits_stride = a.logits.stride;
+  l.rows = static_cast<int>(a.logits.rows);
+  l.vocab = static_cast<int>(a.logits.cols);
+  l.draft_rows = needs_q ? l.rows - 1 : 0;
+  if (l.draft_rows > 0) {
+    l.draft_logits = static_cast<const float*>(a.draft_logits.data);
+    l.draft_stride = a.draft_logits.stride;
+  }
+  l.drafts = static_cast<int32_t*>(a.drafts.data);
+  l.prior = a.prior;
+  l.write_draft = a.write_draft ? 1 : 0;
+  l.bias = static_cast<const float*>(a.bias.data);
+  l.history = static_cast<int32_t*>(a.history.data);
+  l.commit = a.commit ? 1 : 0;
+  l.control = static_cast<const int64_t*>(a.control.data);
+  l.logprobs = a.logprobs;
+  l.out = static_cast<int32_t*>(a.out.data);
+  PD_ASSIGN_OR_RETURN(l.scratch, scratch(sample_scratch_, cuda::sample_scratch_bytes(l.rows, l.draft_rows,
+                                                                                     l.vocab, l.logprobs)));
+  sig_.add(OpTag::kSample);
+  for (int32_t v :
+       {l.rule, l.faulty, l.prior, l.write_draft, l.commit, l.logprobs, a.target.top_k, a.draft.top_k}) {
+    sig_.add(v);
+  }
+  for (const SampleParams* p : {&a.target, &a.draft}) {
+    for (float f : {p->temperature, p->top_p, p->min_p, p->presence_penalty, p->frequency_penalty,
+                    p->repetition_penalty}) {
+      sig_.add_f(f);
+    }
+  }
+  for (const Tensor* t : {&a.logits, &a.draft_logits, &a.drafts, &a.bias, &a.history, &a.control, &a.out}) {
+    sig_.add(*t);
+  }
+  submit([l](cudaStream_t s) { cuda::launch_sample(l, s); }, "sample");
+  return take_error_if_eager();
+}
 
 Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   const AttentionDims& d = a.dims;
