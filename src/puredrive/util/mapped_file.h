@@ -1,4 +1,9 @@
 // Read-only memory mapping of a whole file. Weights are used in place from the page cache.
+//
+// Live mappings are registered, so that code holding only a pointer into one (a weight view) can read the
+// bytes with pread() instead of touching the mapping: a GPU upload that copies a 35B checkpoint through the
+// mapping would fault every page into this process (resident memory as large as the model), where pread()
+// copies from the page cache without mapping anything (read_weight_bytes()).
 #pragma once
 
 #include <cstddef>
@@ -25,8 +30,13 @@ class MappedFile {
   MappedFile() = default;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  int fd_ = -1;  // kept open for read_weight_bytes()
   std::string path_;
 };
+
+// Copies n bytes at src into dst. When [src, src + n) lies inside a live MappedFile, they are read from the
+// file with pread() (the mapping's pages are not touched); otherwise (ordinary memory) they are copied.
+Status read_weight_bytes(void* dst, const void* src, size_t n);
 
 // Whole file into a string (small text files: config.json, tokenizer.json).
 Expected<std::string> read_text_file(const std::string& path);
