@@ -34,6 +34,7 @@ struct SynthArgs {
   int tokens = 8;
   int prompt = 16;
   bool json = false;
+  int layers = 0;
   std::string write;
   std::string tokenizer;
   std::string chat_template;
@@ -46,7 +47,7 @@ struct SynthArgs {
 }
 
 void run_write(const SynthArgs& a) {
-  Expected<std::unique_ptr<SynthModel>> sm = make_synth_model(a.arch, a.quant, a.seed, false);
+  Expected<std::unique_ptr<SynthModel>> sm = make_synth_model(a.arch, a.quant, a.seed, false, a.layers);
   if (!sm) fail(sm.status());
   Expected<SynthWriteSummary> sum = write_synth_checkpoint(**sm, {.dir = a.write,
                                                                   .tokenizer_dir = a.tokenizer,
@@ -85,7 +86,7 @@ void run_synth(const SynthArgs& a) {
   Backend& be = **backend;
   const auto t0 = Clock::now();
   Expected<std::unique_ptr<SynthModel>> sm =
-      make_synth_model(a.arch, a.quant, a.seed, be.device() == Device::kCpu);
+      make_synth_model(a.arch, a.quant, a.seed, be.device() == Device::kCpu, a.layers);
   if (!sm) fail(sm.status());
   Expected<std::unique_ptr<Model>> model = create_model((*sm)->config, (*sm)->weights, be, {.max_rows = 8});
   if (!model) fail(model.status());
@@ -161,6 +162,8 @@ void setup_synth(CLI::App& app) {
   cmd->add_option("--arch", args->arch, "Architecture")->check(CLI::IsMember(synth_archs()));
   cmd->add_option("--quant", args->quant, "Weight format")->check(CLI::IsMember(synth_quants()));
   cmd->add_option("--seed", args->seed, "Random seed");
+  cmd->add_option("--layers", args->layers, "Keep only the first N decoder layers (0: all)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_option("--backend", args->backend, "cuda or cpu (cpu: only small architectures fit)");
   cmd->add_option("--threads", args->threads, "CPU threads, also of --write (0: all cores)")
       ->check(CLI::Range(0, 1024));

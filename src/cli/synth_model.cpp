@@ -249,8 +249,13 @@ std::vector<int32_t> synth_tokens(uint64_t seed, int vocab, int count) {
 }
 
 Expected<std::unique_ptr<SynthModel>> make_synth_model(const std::string& arch, const std::string& quant,
-                                                       uint64_t seed, bool materialize) {
+                                                       uint64_t seed, bool materialize, int layers) {
   PD_ASSIGN_OR_RETURN(ArchShape s, arch_shape(arch));
+  if (layers < 0 || layers > s.layers) {
+    return make_error(ErrorCode::kInvalidArgument, "--layers {}: {} has 1 to {} layers", layers, arch,
+                      s.layers);
+  }
+  if (layers > 0) s.layers = layers;
   auto m = std::make_unique<SynthModel>();
   if (quant != "bf16") {
     auto recipe = parse_quant_recipe(quant);

@@ -65,9 +65,10 @@ struct SynthModel {
 const std::vector<std::string>& synth_archs();
 const std::vector<std::string>& synth_quants();
 
-// materialize: generate host copies (CPU backend) instead of device-generated sources.
+// materialize: generate host copies (CPU backend) instead of device-generated sources. layers > 0 keeps only
+// the first `layers` decoder layers (the real widths in a checkpoint a few GB large).
 Expected<std::unique_ptr<SynthModel>> make_synth_model(const std::string& arch, const std::string& quant,
-                                                       uint64_t seed, bool materialize);
+                                                       uint64_t seed, bool materialize, int layers = 0);
 
 // Token ids for prefill: seeded, uniform over the vocabulary.
 std::vector<int32_t> synth_tokens(uint64_t seed, int vocab, int count);
