@@ -38,6 +38,7 @@ struct SynthArgs {
   std::string write;
   std::string tokenizer;
   std::string chat_template;
+  double max_shard_mb = 5 * 1024;
   bool quiet = false;
 };
 
@@ -49,11 +50,13 @@ struct SynthArgs {
 void run_write(const SynthArgs& a) {
   Expected<std::unique_ptr<SynthModel>> sm = make_synth_model(a.arch, a.quant, a.seed, false, a.layers);
   if (!sm) fail(sm.status());
-  Expected<SynthWriteSummary> sum = write_synth_checkpoint(**sm, {.dir = a.write,
-                                                                  .tokenizer_dir = a.tokenizer,
-                                                                  .chat_template = a.chat_template,
-                                                                  .threads = a.threads,
-                                                                  .progress = !a.quiet});
+  Expected<SynthWriteSummary> sum =
+      write_synth_checkpoint(**sm, {.dir = a.write,
+                                    .tokenizer_dir = a.tokenizer,
+                                    .chat_template = a.chat_template,
+                                    .threads = a.threads,
+                                    .max_shard_bytes = static_cast<uint64_t>(a.max_shard_mb * 1048576.0),
+                                    .progress = !a.quiet});
   if (!sum) fail(sum.status());
   for (const auto& n : sum->notices) fmt::print(stderr, "note: {}\n", n);
   rusage u{};
@@ -180,6 +183,9 @@ void setup_synth(CLI::App& app) {
   cmd->add_option("--chat-template", args->chat_template,
                   "With --write: a Jinja chat template written as chat_template.jinja (e.g. "
                   "tests/data/templates/Qwen3.5-4B.jinja)");
+  cmd->add_option("--max-shard-mb", args->max_shard_mb, "With --write: the largest shard in MiB")
+      ->check(CLI::Range(0.01, 1048576.0))
+      ->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "With --write: no progress line");
   cmd->callback([args] { run_synth(*args); });
 }
