@@ -40,6 +40,7 @@ struct BenchArgs {
   int ctx_size = 0;
   std::string prompt_root = ".";
   bool read_weights = false;
+  int prompt_text = -1;  // >= 0: print prompt `prompt_text` cut to the first context, as text, and exit
 };
 
 using Clock = std::chrono::steady_clock;

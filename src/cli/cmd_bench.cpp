@@ -405,6 +405,10 @@ void setup_bench(CLI::App& app) {
   cmd->add_option("--prompt-root", args->prompt_root,
                   "--model: the repository whose source text makes the prompts")
       ->capture_default_str();
+  cmd->add_option("--prompt-text", args->prompt_text,
+                  "--model: print prompt N (0..2) of the first context as text and exit (bench/api_bench.py "
+                  "sends it through the API)")
+      ->check(CLI::Range(0, 2));
   cmd->add_flag("--read-weights", args->read_weights,
                 "--model: only read the weights through the GPU upload's reader, twice, and report GB/s and "
                 "peak memory");
