@@ -335,8 +335,8 @@ void run_bench_model(const BenchArgs& a) {
       bench_check(s->generator->generate(warm));
     }
   }
-  // Greedy output with MTP must equal greedy output without it (DESIGN §4.3): checked on every prompt that
-  // ran in both modes.
+  // Greedy output with MTP must equal greedy output without it (docs/DESIGN.md §4.3): checked on every
+  // prompt that ran in both modes.
   std::map<std::pair<int, int>, std::vector<int32_t>> greedy_plain, greedy_mtp;
   for (int c : run_contexts) {
     const double floor_tps = bandwidth / static_cast<double>(plan.bytes_per_decode_token(c));

@@ -1,7 +1,8 @@
 // The user's path on files, through the binary on the CPU: `synth --write` checkpoints in the published
 // layouts load and generate what the in-memory synthetic model generates (the same weights, read back through
 // the loader); the MLX layout is the one `puredrive quantize` writes; a model that cannot fit is refused
-// before any weight is read; `bench --model` runs the DESIGN §7 protocol on the tiny coder.
+// before any weight is read; `bench --model` runs the docs/DESIGN.md §7 protocol on the
+// tiny coder.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
