@@ -72,8 +72,9 @@ if w:
     print(f"  {q}: written {w['bytes'] / 1e9:.1f} GB in {w['seconds']:.1f} s "
           f"({w['bytes'] / 1e9 / w['seconds']:.2f} GB/s), peak RSS {w['peak_rss_bytes'] / 1e9:.2f} GB")
 if r:
-    print(f"  {q}: upload reader {r['passes'][0]['bytes_per_second'] / 1e9:.1f} then "
-          f"{r['passes'][1]['bytes_per_second'] / 1e9:.1f} GB/s, peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB")
+    p = r["passes"]
+    print(f"  {q}: upload reader pread {p[0]['bytes_per_second'] / 1e9:.1f} then {p[1]['bytes_per_second'] / 1e9:.1f}"
+          f" GB/s, mmap {p[2]['bytes_per_second'] / 1e9:.1f} GB/s, peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB")
 ref = {}
 if b:
     ld = b["model"]["load"]

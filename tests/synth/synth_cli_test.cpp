@@ -254,7 +254,8 @@ TEST(BenchModel, ReadWeightsThroughTheUploadReader) {
       run(fmt::format("bench --model {}/models/tiny-coder --read-weights --json {}", PD_SOURCE_DIR, out));
   ASSERT_EQ(b.rc, 0) << b.out;
   const json j = read_json(out);
-  EXPECT_EQ(j["passes"].size(), 2u);
+  ASSERT_EQ(j["passes"].size(), 3u);
+  EXPECT_EQ(j["passes"][2]["read"], "mmap");
   auto store = TensorStore::open_dir(std::string(PD_SOURCE_DIR) + "/models/tiny-coder");
   ASSERT_TRUE(store.has_value());
   EXPECT_EQ(j["weight_bytes"].get<uint64_t>(), store->total_bytes());

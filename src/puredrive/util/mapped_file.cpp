@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -73,7 +74,15 @@ MappedFile::~MappedFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status read_weight_bytes(void* dst, const void* src, size_t n) {
+WeightRead default_weight_read() {
+  static const WeightRead mode = [] {
+    const char* v = std::getenv("PD_WEIGHT_READ");
+    return v != nullptr && std::strcmp(v, "mmap") == 0 ? WeightRead::kMapped : WeightRead::kPread;
+  }();
+  return mode;
+}
+
+Status read_weight_bytes(void* dst, const void* src, size_t n, WeightRead how) {
   const auto at = reinterpret_cast<uintptr_t>(src);
   Registered file;
   uintptr_t base = 0;
@@ -90,6 +99,15 @@ Status read_weight_bytes(void* dst, const void* src, size_t n) {
   }
   if (file.fd < 0) {
     std::memcpy(dst, src, n);
+    return Status::ok();
+  }
+  if (how == WeightRead::kMapped) {
+    std::memcpy(dst, src, n);
+    // The pages wholly inside the range leave this process (they stay in the page cache); the file is mapped
+    // read-only and private, so nothing is lost.
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (at + page - 1) / page * page, end = (at + n) / page * page;
+    if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
     return Status::ok();
   }
   auto* out = static_cast<uint8_t*>(dst);

@@ -34,9 +34,16 @@ class MappedFile {
   std::string path_;
 };
 
-// Copies n bytes at src into dst. When [src, src + n) lies inside a live MappedFile, they are read from the
-// file with pread() (the mapping's pages are not touched); otherwise (ordinary memory) they are copied.
-Status read_weight_bytes(void* dst, const void* src, size_t n);
+// How read_weight_bytes() reads bytes inside a live MappedFile: pread() from the file (the mapping's pages
+// are never faulted in), or a copy through the mapping followed by MADV_DONTNEED on the pages it covered (for
+// file systems where pread is slow; resident memory stays bounded either way).
+enum class WeightRead { kPread, kMapped };
+// kPread, or kMapped when the environment has PD_WEIGHT_READ=mmap.
+WeightRead default_weight_read();
+
+// Copies n bytes at src into dst. When [src, src + n) lies inside a live MappedFile they are read as `how`
+// says; otherwise (ordinary memory) they are copied.
+Status read_weight_bytes(void* dst, const void* src, size_t n, WeightRead how = default_weight_read());
 
 // Whole file into a string (small text files: config.json, tokenizer.json).
 Expected<std::string> read_text_file(const std::string& path);

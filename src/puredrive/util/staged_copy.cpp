@@ -17,8 +17,8 @@ struct Chunk {
 
 }  // namespace
 
-StagedCopier::StagedCopier(int workers, size_t chunk_bytes)
-    : pool_(workers > 0 ? workers : 4), chunk_bytes_(std::max<size_t>(chunk_bytes, 4096)) {}
+StagedCopier::StagedCopier(int workers, size_t chunk_bytes, WeightRead read)
+    : pool_(workers > 0 ? workers : 4), chunk_bytes_(std::max<size_t>(chunk_bytes, 4096)), read_(read) {}
 
 Status StagedCopier::copy(std::span<const CopyRange> ranges, StagingTarget& target) {
   std::vector<Chunk> chunks;
@@ -42,7 +42,7 @@ Status StagedCopier::copy(std::span<const CopyRange> ranges, StagingTarget& targ
         const Chunk& ch = chunks[c];
         const int wi = static_cast<int>(w);
         Status st = target.wait(wi, slot);
-        if (st.is_ok()) st = read_weight_bytes(target.buffer(wi, slot), ch.src, ch.bytes);
+        if (st.is_ok()) st = read_weight_bytes(target.buffer(wi, slot), ch.src, ch.bytes, read_);
         if (st.is_ok()) st = target.submit(wi, slot, ch.dst, ch.bytes);
         if (!st.is_ok()) {
           std::lock_guard<std::mutex> lock(mu);

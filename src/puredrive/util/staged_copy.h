@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 
+#include "puredrive/util/mapped_file.h"
 #include "puredrive/util/status.h"
 #include "puredrive/util/thread_pool.h"
 
@@ -39,7 +40,7 @@ class StagedCopier {
   static constexpr int kSlots = 2;
 
   // workers <= 0: 4 (enough to read the page cache at several GB/s; more only contend for memory bandwidth).
-  StagedCopier(int workers, size_t chunk_bytes);
+  StagedCopier(int workers, size_t chunk_bytes, WeightRead read = default_weight_read());
   int workers() const { return pool_.size(); }
   size_t chunk_bytes() const { return chunk_bytes_; }
 
@@ -53,6 +54,7 @@ class StagedCopier {
  private:
   ThreadPool pool_;
   size_t chunk_bytes_;
+  WeightRead read_;
   std::atomic<uint64_t> copied_{0};
 };
 

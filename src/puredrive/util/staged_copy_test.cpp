@@ -88,8 +88,9 @@ TEST(StagedCopy, CopiesMappedAndHeapRangesExactly) {
   auto mapped = MappedFile::open(path);
   ASSERT_TRUE(mapped.has_value()) << mapped.status().message();
   const std::vector<uint8_t> heap = pattern(50001, 2);
-  for (int workers : {1, 3}) {
-    StagedCopier copier(workers, 4096);
+  for (const auto& [workers, read] : {std::pair{1, WeightRead::kPread}, std::pair{3, WeightRead::kPread},
+                                      std::pair{3, WeightRead::kMapped}}) {
+    StagedCopier copier(workers, 4096, read);
     LazyTarget target(copier.workers(), copier.chunk_bytes());
     std::vector<uint8_t> out(file_bytes.size() + heap.size() + 77, 0xEE);
     // Odd offsets and lengths: ranges end mid-chunk, one range is empty, one reads the file's last byte.
@@ -127,9 +128,13 @@ TEST(MappedFile, ReadWeightBytesReadsTheFileBehindAMapping) {
   {
     auto mapped = MappedFile::open(path);
     ASSERT_TRUE(mapped.has_value());
-    std::vector<uint8_t> out(777);
-    ASSERT_TRUE(read_weight_bytes(out.data(), (*mapped)->data() + 9000, out.size()).is_ok());
-    EXPECT_EQ(0, std::memcmp(out.data(), bytes.data() + 9000, out.size()));
+    for (WeightRead how : {WeightRead::kPread, WeightRead::kMapped}) {
+      std::vector<uint8_t> out(7777);
+      ASSERT_TRUE(read_weight_bytes(out.data(), (*mapped)->data() + 1000, out.size(), how).is_ok());
+      EXPECT_EQ(0, std::memcmp(out.data(), bytes.data() + 1000, out.size()));
+      // Pages dropped after a mapped read come back from the file.
+      EXPECT_EQ(0, std::memcmp((*mapped)->data() + 4096, bytes.data() + 4096, 4096));
+    }
   }
   std::filesystem::remove(path);
 }
