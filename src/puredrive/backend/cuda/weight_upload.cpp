@@ -1,5 +1,6 @@
 #include "puredrive/backend/cuda/weight_upload.h"
 
+#include <cstdlib>
 #include <vector>
 
 #include <fmt/format.h>
@@ -7,8 +8,14 @@
 namespace pd::cuda {
 namespace {
 
-constexpr int kWorkers = 4;
 constexpr size_t kChunkBytes = 16u << 20;
+
+// Reader threads: 4, or PD_UPLOAD_THREADS (1..64) for machines whose file reads need more in flight.
+int reader_threads() {
+  const char* v = std::getenv("PD_UPLOAD_THREADS");
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  return n >= 1 && n <= 64 ? n : 4;
+}
 
 Status cuda_status(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::ok();
@@ -85,8 +92,9 @@ WeightUploader::~WeightUploader() {
 }
 
 Status WeightUploader::copy(std::span<const CopyRange> ranges) {
+  if (ranges.empty()) return Status::ok();  // synthetic weights, generated on the device
   if (!copier_) {
-    auto copier = std::make_unique<StagedCopier>(kWorkers, kChunkBytes);
+    auto copier = std::make_unique<StagedCopier>(reader_threads(), kChunkBytes);
     auto staging = std::make_unique<Staging>(device_, stream_);
     PD_TRY(staging->init(copier->workers(), copier->chunk_bytes()));
     copier_ = std::move(copier);

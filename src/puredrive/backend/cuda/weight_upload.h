@@ -1,7 +1,8 @@
 // Weight uploads of the CUDA backend: host ranges (mostly inside memory-mapped checkpoints) to device memory
 // through pinned staging buffers, with reader threads filling one buffer by pread() while the copy engine
 // moves the previous one (util/staged_copy.h). The host never maps the checkpoint's pages, so its resident
-// memory stays at the staging buffers (8 x 16 MiB) whatever the model size.
+// memory stays at the staging buffers (2 x 16 MiB per reader thread; 4 threads, or PD_UPLOAD_THREADS)
+// whatever the model size. PD_WEIGHT_READ=mmap reads through the mapping instead (util/mapped_file.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
