@@ -12,6 +12,10 @@
 # synthetic KV / GDN fill, so PD_CONTEXTS=2k,32k,128k,256k costs about 10 s more per long cell than the
 # default; give PD_FIRST_BENCH_S room for them), PD_RACECHECK_S, PD_SKIP_SANITIZER=1, PD_CHECK_S (seconds per
 # `puredrive check`, default 40), PD_SKIP_CHECK=1.
+# PD_DISK_MODELS="q8 oq6e": checkpoints written to disk,
+# loaded, benchmarked and served (bench/device/disk_models.sh, its own PD_DISK_* settings), after the rest;
+# PD_DISK_ONLY=1: only those (and the upload test), e.g.
+#   run(command="PD_DISK_ONLY=1 PD_DISK_MODELS=q8 bash bench/device/run.sh", carry=[...], timeout_s=600)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -84,6 +88,16 @@ run_phase() {
 }
 
 bin=$bundle/bin
+# shellcheck source=bench/device/disk_models.sh
+source "$root/bench/device/disk_models.sh"
+[ -x "$bin/cuda_upload_tests" ] && run_phase "cuda_upload_tests" 60 "$bin/cuda_upload_tests"
+if [ "${PD_DISK_ONLY:-0}" = 1 ]; then
+  disk_models
+  echo
+  echo "== summary ($(($(date +%s) - start)) s; full log: run.log)"
+  cat "$summary"
+  exit 0
+fi
 run_phase "cuda_ops_tests" 150 "$bin/cuda_ops_tests"
 run_phase "cuda_model_tests" 150 "$bin/cuda_model_tests"
 run_phase "cuda_sampling_tests" 150 "$bin/cuda_sampling_tests"
@@ -229,6 +243,7 @@ if [ -x "$bin/puredrive_check" ] && [ "${PD_SKIP_CHECK:-0}" != 1 ]; then
 fi
 
 for q in ${quants#"$first_q"}; do bench "$q" "${PD_OTHER_BENCH_S:-100}" "${PD_OTHER_CONTEXTS:-$contexts}"; done
+disk_models
 
 echo
 echo "== summary ($(($(date +%s) - start)) s; full log: run.log)"

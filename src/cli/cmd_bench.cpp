@@ -24,6 +24,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "cli/synth_model.h"
 #include "puredrive/backend/backend.h"
@@ -36,68 +37,15 @@
 namespace pd::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-struct BenchArgs {
-  std::string synth;
-  std::string model;
-  std::string quant = "bf16";
-  uint64_t seed = 0;
-  std::string contexts = "2k,32k";
-  int tokens = 128;
-  int runs = 1;
-  int verify_rows = 3;
-  int verify_iters = 16;
-  int prefill_chunk = 2048;
-  int profile_steps = 0;      // eager one-row steps timed op by op after the timed phases (CUDA)
-  int copy_mib = 0;           // 0: 1024 on CUDA, 64 on the CPU
-  std::string fill = "real";  // real | synthetic | auto (synthetic above kAutoSyntheticFrom tokens)
-  std::string backend = "cuda";
-  int threads = 0;
-  std::string json_out;
-  std::string commit;
-  std::string note;
-};
-
 [[noreturn]] void fail(const Status& s) {
-  fmt::print(stderr, "puredrive bench: {}\n", s.message());
-  throw CLI::RuntimeError(1);
+  bench_fail(s);
 }
-
 template <typename T>
 T check(Expected<T> e) {
-  if (!e) fail(e.status());
-  return std::move(e).value();
+  return bench_check(std::move(e));
 }
 void check(const Status& s) {
-  if (!s) fail(s);
-}
-
-Expected<std::vector<int>> parse_contexts(const std::string& text) {
-  std::vector<int> out;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    std::string item = text.substr(i, j - i);
-    int64_t mult = 1;
-    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) {
-      mult = 1024;
-      item.pop_back();
-    }
-    try {
-      size_t used = 0;
-      const long v = std::stol(item, &used);
-      if (used != item.size() || v <= 0 || v * mult > (1 << 24)) throw std::out_of_range("context");
-      out.push_back(static_cast<int>(v * mult));
-    } catch (const std::exception&) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "--contexts: '{}' is not a context size like 2k or 32768", text.substr(i, j - i));
-    }
-    i = j + 1;
-  }
-  if (out.empty()) return make_error(ErrorCode::kInvalidArgument, "--contexts is empty");
-  return out;
+  bench_check(s);
 }
 
 // --fill auto: contexts above this take the synthetic fill (a real prefill of 128K tokens does not fit a
@@ -106,47 +54,6 @@ constexpr int kAutoSyntheticFrom = 65536;
 
 bool synthetic_fill_for(const std::string& fill, int context) {
   return fill == "synthetic" || (fill == "auto" && context > kAutoSyntheticFrom);
-}
-
-double seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-// Device-to-device copy bandwidth, counting bytes read plus bytes written (METHOD.md).
-double copy_bandwidth(Backend& be, int64_t bytes) {
-  Buffer a = check(be.alloc(DType::kU8, 1, bytes)), b = check(be.alloc(DType::kU8, 1, bytes));
-  for (int i = 0; i < 2; ++i) check(be.copy(b.tensor(), a.tensor()));
-  check(be.synchronize());
-  const int n = 10;
-  std::vector<double> times;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i)
-      check(be.copy(i % 2 == 0 ? b.tensor() : a.tensor(), i % 2 == 0 ? a.tensor() : b.tensor()));
-    check(be.synchronize());
-    times.push_back(seconds(t0, Clock::now()));
-  }
-  return 2.0 * static_cast<double>(bytes) * n / median(times);
 }
 
 // One recorded step: forward over tokens (positions continue the state), argmax of the requested logits rows
@@ -451,10 +358,12 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
 }
 
 void run_bench(const BenchArgs& a) {
-  if (!a.model.empty()) {
-    fail(make_error(ErrorCode::kUnsupported, "bench --model is not implemented yet; use --synth ARCH"));
+  if (!a.model.empty() && !a.synth.empty()) {
+    fail(make_error(ErrorCode::kInvalidArgument, "bench takes --synth ARCH or --model DIR, not both"));
   }
-  if (a.synth.empty()) fail(make_error(ErrorCode::kInvalidArgument, "bench needs --synth ARCH"));
+  if (!a.model.empty()) return run_bench_model(a);
+  if (a.synth.empty())
+    fail(make_error(ErrorCode::kInvalidArgument, "bench needs --synth ARCH or --model DIR"));
   const std::vector<int> contexts = check(parse_contexts(a.contexts));
   // Declared first: the model and the synthetic weights are destroyed before the backend.
   std::unique_ptr<Backend> owner = check(create_backend({.name = a.backend, .threads = a.threads}));
@@ -470,18 +379,7 @@ void run_bench(const BenchArgs& a) {
   check(be.synchronize());
   const double build_s = seconds(b0, Clock::now());
 
-  nlohmann::json device = {{"backend", be.name()}};
-#ifdef PD_HAVE_CUDA
-  if (std::optional<CudaDeviceInfo> d = cuda_device_info(be)) {
-    device = {{"backend", be.name()},
-              {"name", d->name},
-              {"compute_capability", fmt::format("{}.{}", d->compute_major, d->compute_minor)},
-              {"multiprocessors", d->multiprocessors},
-              {"memory_bytes", d->total_memory},
-              {"cuda_driver_version", d->driver_version},
-              {"cuda_runtime_version", d->runtime_version}};
-  }
-#endif
+  const nlohmann::json device = device_json(be);
   // Schema 2: per-cell fill and decode_attention; prefill fields are null in synthetic-fill cells.
   nlohmann::json out = {
       {"schema", "puredrive-bench/2"},
@@ -518,12 +416,7 @@ void run_bench(const BenchArgs& a) {
       {"cells", nlohmann::json::array()},
       {"complete", false}};
   // The record is rewritten after every cell, so a run cut short still leaves its finished cells.
-  auto write = [&] {
-    if (a.json_out.empty()) return;
-    std::ofstream f(a.json_out);
-    f << out.dump(2) << "\n";
-    if (!f) fail(make_error(ErrorCode::kIo, "cannot write --json {}", a.json_out));
-  };
+  auto write = [&] { write_record(a.json_out, out); };
   out["row_exact_check"] = row_exact_check(a, *model, *sm);
   // After 8190 tokens the verify rows straddle the doubling of the attention split size of the 35B shape
   // (64 -> 128 keys at 8192 keys, backend/cuda/attention_plan.h).
@@ -569,23 +462,29 @@ void run_bench(const BenchArgs& a) {
 
 void setup_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  auto* cmd = app.add_subcommand("bench", "Decode benchmark (docs/DESIGN.md §7) on a synthetic model");
+  auto* cmd = app.add_subcommand(
+      "bench", "Decode benchmark (docs/DESIGN.md §7) on a synthetic model or a checkpoint on disk");
   cmd->add_option("--synth", args->synth, "Synthetic architecture")->check(CLI::IsMember(synth_archs()));
-  cmd->add_option("--model", args->model, "Model directory (not implemented yet)");
+  cmd->add_option("--model", args->model, "Model directory: the protocol on a real checkpoint");
   cmd->add_option("--quant", args->quant, "Weight format of the synthetic model")
       ->check(CLI::IsMember(synth_quants()));
-  cmd->add_option("--seed", args->seed, "Random seed of weights and prompts");
-  cmd->add_option("--contexts", args->contexts, "Context sizes, e.g. 2k,32k");
-  cmd->add_option("-n,--tokens", args->tokens, "Decode tokens per cell")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--runs", args->runs, "Runs per context")->check(CLI::Range(1, 100));
-  cmd->add_option("--verify-rows", args->verify_rows, "Rows of the timed verify step")
+  cmd->add_option("--seed", args->seed, "Random seed of weights and prompts (--synth)");
+  auto* contexts = cmd->add_option("--contexts", args->contexts, "Context sizes, e.g. 2k,32k (--model: 2k)");
+  auto* tokens =
+      cmd->add_option("-n,--tokens", args->tokens, "Decode tokens per cell (--synth 128, --model 512)")
+          ->check(CLI::Range(1, 1 << 20));
+  auto* runs = cmd->add_option("--runs", args->runs, "Runs per cell (--synth 1; --model 3, one prompt each)")
+                   ->check(CLI::Range(1, 100));
+  cmd->add_option("--verify-rows", args->verify_rows, "Rows of the timed verify step (--synth)")
       ->check(CLI::Range(2, 8));
-  cmd->add_option("--verify-iters", args->verify_iters, "Timed verify steps per width")
+  cmd->add_option("--verify-iters", args->verify_iters, "Timed verify steps per width (--synth)")
       ->check(CLI::Range(1, 10000));
-  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step (prefill kernels)")
-      ->check(CLI::Range(1, 16384))
-      ->capture_default_str();
-  cmd->add_option("--profile-steps", args->profile_steps, "Eager one-row steps timed op by op (CUDA)")
+  auto* chunk =
+      cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step (prefill kernels)")
+          ->check(CLI::Range(1, 16384))
+          ->capture_default_str();
+  cmd->add_option("--profile-steps", args->profile_steps,
+                  "Eager one-row steps timed op by op (CUDA, --synth)")
       ->check(CLI::Range(0, 64));
   cmd->add_option("--fill", args->fill,
                   "How a cell's context is filled: real (prefill), synthetic (random KV and GDN state), auto "
@@ -593,12 +492,42 @@ void setup_bench(CLI::App& app) {
       ->check(CLI::IsMember({"real", "synthetic", "auto"}));
   cmd->add_option("--copy-mib", args->copy_mib, "Buffer size of the bandwidth measurement")
       ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--backend", args->backend, "cuda or cpu");
+  auto* backend = cmd->add_option("--backend", args->backend, "cuda or cpu (--model: also auto, the default)")
+                      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--json", args->json_out, "Write the full record as JSON to this file");
   cmd->add_option("--commit", args->commit, "Commit hash recorded in the JSON");
   cmd->add_option("--note", args->note, "Free text recorded in the JSON (e.g. uncommitted changes)");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->add_option("--modes", args->modes,
+                  "--model: greedy, greedy-mtp, sample (generation_config's sampling), sample-mtp")
+      ->capture_default_str();
+  cmd->add_option("--mtp-draft", args->mtp_draft, "--model: draft length k of the MTP modes")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  cmd->add_option("--ctx-size", args->ctx_size,
+                  "--model: the session's context (0: the model's, or the largest that fits)");
+  cmd->add_option("--prompt-root", args->prompt_root,
+                  "--model: the repository whose source text makes the prompts")
+      ->capture_default_str();
+  cmd->add_option("--prompt-text", args->prompt_text,
+                  "--model: print prompt N (0..2) of the first context as text and exit (bench/api_bench.py "
+                  "sends it through the API)")
+      ->check(CLI::Range(0, 2));
+  cmd->add_flag("--read-weights", args->read_weights,
+                "--model: only read the weights through the GPU upload's reader, twice, and report GB/s and "
+                "peak memory");
+  cmd->callback([args, contexts, tokens, runs, chunk, backend] {
+    BenchArgs a = *args;
+    if (!a.model.empty()) {
+      if (contexts->count() == 0) a.contexts = "2k";
+      if (tokens->count() == 0) a.tokens = 512;
+      if (runs->count() == 0) a.runs = 3;
+      if (backend->count() == 0) a.backend = "auto";
+    } else if (a.backend == "auto") {
+      fail(make_error(ErrorCode::kInvalidArgument, "bench --synth takes --backend cuda or cpu"));
+    }
+    run_bench(a);
+  });
 }
 
 const bool registered = register_command(setup_bench);

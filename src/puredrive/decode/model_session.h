@@ -2,7 +2,9 @@
 // backend -> checkpoint (mapped weights) -> model -> tokenizer (when tokenizer.json exists) -> generation
 // defaults (EOS ids, sampling) -> generator. The backend comes first because its available memory sizes
 // the context: the memory plan is computed from config.json before any weight is mapped, and again with
-// the real weights. The chosen backend and the plan are logged.
+// the real weights. The chosen backend and the plan are logged. A model that does not fit is refused before
+// any weight is read. Uploading the weights to a device reports its progress (a bar on a terminal, log lines
+// otherwise) and its time.
 #pragma once
 
 #include <memory>
@@ -43,6 +45,13 @@ struct ModelSession {
   GenerationDefaults defaults;
   std::unique_ptr<Generator> generator;
   MemoryPlan plan;  // plan.ctx_size is the context the generator holds
+  // Wall time of open(): mapping and binding the checkpoint (`map`), then building the model on the backend,
+  // which for a device means uploading every weight (`upload`).
+  struct LoadTimes {
+    double map_seconds = 0;
+    double upload_seconds = 0;
+    double total_seconds = 0;
+  } load;
 
   static Expected<std::unique_ptr<ModelSession>> open(const SessionOptions& options);
 };

@@ -5,6 +5,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include "puredrive/backend/cuda/sampling.h"
 #include "puredrive/backend/cuda/synth_rng.h"
 #include "puredrive/backend/cuda/synth_source.h"
+#include "puredrive/backend/cuda/weight_upload.h"
 #include "puredrive/backend/validate.h"
 
 namespace pd {
@@ -212,6 +214,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    uploader_.reset();
     clear_graphs();
     release_retired();
     for (void* p : weights_) cudaFree(p);
@@ -252,6 +255,7 @@ class CudaBackend final : public Backend {
     cuda::set_gdn_prefill_smem_limit(smem_optin_);
     PD_CUDA_TRY(cudaGetLastError());
     PD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    uploader_ = std::make_unique<cuda::WeightUploader>(device_, stream_);
     PD_CUDA_TRY(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PD_CUDA_TRY(cudaEventCreate(&graph_start_));
     PD_CUDA_TRY(cudaEventCreate(&graph_end_));
@@ -408,6 +412,7 @@ class CudaBackend final : public Backend {
 
   Status begin_step() override {
     if (step_depth_++ > 0) return Status::ok();
+    uploader_->release();  // weights are bound before the first step: free the upload threads and buffers
     // Staging is reused by every step: the previous step's copies must have read it.
     if (step_recorded_) PD_CUDA_TRY(cudaEventSynchronize(step_done_));
     if (graph_timed_) {
@@ -462,7 +467,7 @@ class CudaBackend final : public Backend {
   }
 
   Expected<MoeId> bind_moe(const MoeWeights& w, const MoeSpec& spec) override;
-  int64_t bound_bytes() const override { return bound_bytes_; }
+  int64_t bound_bytes() const override { return bound_bytes_.load(std::memory_order_relaxed); }
 
   // ---- Ops ----
 
@@ -867,8 +872,10 @@ class CudaBackend final : public Backend {
     return p;
   }
 
-  // Copies (or generates, for synthetic sources) matrix m into device memory at data / scales / biases.
-  Status fill_matrix(const Matrix& m, void* data, void* scales, void* biases) {
+  // Generates matrix m at data / scales / biases (synthetic sources), or appends its host ranges to `copies`
+  // for one staged upload (weight_upload.h).
+  Status fill_matrix(const Matrix& m, void* data, void* scales, void* biases,
+                     std::vector<CopyRange>* copies) {
     const MatrixLayout l = layout_of(m);
     if (const synth::SynthSource* src = synth::find_source(m.data)) {
       if (m.format == WeightFormat::kAffine) {
@@ -886,10 +893,10 @@ class CudaBackend final : public Backend {
       PD_CUDA_TRY(cudaStreamSynchronize(stream_));
       return Status::ok();
     }
-    PD_CUDA_TRY(cudaMemcpy(data, m.data, static_cast<size_t>(l.data_bytes), cudaMemcpyHostToDevice));
+    copies->push_back({data, m.data, static_cast<size_t>(l.data_bytes)});
     if (m.format == WeightFormat::kAffine) {
-      PD_CUDA_TRY(cudaMemcpy(scales, m.scales, static_cast<size_t>(l.scale_bytes), cudaMemcpyHostToDevice));
-      PD_CUDA_TRY(cudaMemcpy(biases, m.biases, static_cast<size_t>(l.scale_bytes), cudaMemcpyHostToDevice));
+      copies->push_back({scales, m.scales, static_cast<size_t>(l.scale_bytes)});
+      copies->push_back({biases, m.biases, static_cast<size_t>(l.scale_bytes)});
     }
     return Status::ok();
   }
@@ -918,8 +925,10 @@ class CudaBackend final : public Backend {
       d.scales = base + data_bytes;
       d.biases = base + data_bytes + scale_bytes;
     }
-    PD_TRY(
-        fill_matrix(m, const_cast<void*>(d.data), const_cast<void*>(d.scales), const_cast<void*>(d.biases)));
+    std::vector<CopyRange> copies;
+    PD_TRY(fill_matrix(m, const_cast<void*>(d.data), const_cast<void*>(d.scales), const_cast<void*>(d.biases),
+                       &copies));
+    PD_TRY(uploader_->copy(copies));
     return d;
   }
 
@@ -946,6 +955,7 @@ class CudaBackend final : public Backend {
       d.scales = base + e * d.data_stride;
       d.biases = base + e * (d.data_stride + d.scale_stride);
     }
+    std::vector<CopyRange> copies;
     for (int64_t i = 0; i < e; ++i) {
       uint8_t* sc = d.fmt == WFmt::kAffine
                         ? const_cast<uint8_t*>(static_cast<const uint8_t*>(d.scales)) + i * d.scale_stride
@@ -953,8 +963,9 @@ class CudaBackend final : public Backend {
       uint8_t* bi = d.fmt == WFmt::kAffine
                         ? const_cast<uint8_t*>(static_cast<const uint8_t*>(d.biases)) + i * d.scale_stride
                         : nullptr;
-      PD_TRY(fill_matrix(ms[static_cast<size_t>(i)], base + i * d.data_stride, sc, bi));
+      PD_TRY(fill_matrix(ms[static_cast<size_t>(i)], base + i * d.data_stride, sc, bi, &copies));
     }
+    PD_TRY(uploader_->copy(copies));
     return d;
   }
 
@@ -996,7 +1007,7 @@ class CudaBackend final : public Backend {
   std::vector<DevMatrix> matrices_;
   std::vector<DevVector> vectors_;
   std::vector<BoundMoe> moes_;
-  int64_t bound_bytes_ = 0;
+  std::atomic<int64_t> bound_bytes_{0};  // read by load-progress reports from another thread
 
   static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
   Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_, sample_scratch_;
@@ -1011,6 +1022,7 @@ class CudaBackend final : public Backend {
   bool step_recorded_ = false;
   Signature sig_;
   std::vector<Launch> pending_;
+  std::unique_ptr<cuda::WeightUploader> uploader_;
   uint8_t* staging_ = nullptr;
   size_t staging_bytes_ = 0;
   size_t staging_used_ = 0;
