@@ -5,7 +5,7 @@
 # fixtures when its bundle has them. Usage (device tool):
 #   run(command="bash bench/device/compare.sh", carry=["build/device-bundle.tar.xz", "build/base-bundle.tar.xz"])
 # Environment: PD_QUANTS (default "bf16 q8 q6"), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2),
-# PD_TOKENS (default 256), PD_NCU_QUANTS (candidate only, default none), PD_SKIP_TESTS=1, PD_CAND_LONG (contexts
+# PD_TOKENS (default 256), PD_TEST_S (seconds per test binary, default 200), PD_NCU_QUANTS (candidate only, default none), PD_SKIP_TESTS=1, PD_CAND_LONG (contexts
 # for one more candidate-only bf16 bench, --fill auto: synthetic above 64K, e.g. 32k,128k,256k; default none).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -37,8 +37,9 @@ with() {  # bundle command...
   LD_LIBRARY_PATH=$root/build/$b/lib "$@"
 }
 if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
-  for t in cuda_ops_tests cuda_model_tests; do
-    with cand timeout 200 build/cand/bin/$t >"$det/$t.log" 2>&1
+  for t in cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests; do
+    [ -x build/cand/bin/$t ] || continue
+    with cand timeout "${PD_TEST_S:-200}" build/cand/bin/$t >"$det/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
     grep -E '^\[  FAILED  \]' "$det/$t.log" | head -20 | tee -a "$out/summary.txt"
   done
