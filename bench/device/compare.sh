@@ -49,7 +49,7 @@ if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
       [ -f "$d/config.json" ] || continue
       [ "$d" = tests/fixtures/tiny-coder ] && continue
       case "$d" in models/*) ;; *) [ -f "$d/reference.json" ] || continue ;; esac
-      with cand timeout "${PD_CHECK_S:-30}" build/cand/bin/puredrive_check check --model "$d" --backend cuda \
+      with cand timeout "${PD_CHECK_S:-60}" build/cand/bin/puredrive_check check --model "$d" --backend cuda \
         >"$det/check_$(basename "$d").log" 2>&1
       echo "check $d rc=$? $(tail -1 "$det/check_$(basename "$d").log")" | tee -a "$out/summary.txt"
     done
