@@ -149,12 +149,18 @@ struct AddArgs {
   Tensor out;  // F32 [R, N]
 };
 
+// prefill (MatmulArgs, MatmulsArgs, MoeArgs): the op is part of a prompt's prefill. A backend may then run
+// its prefill kernels whatever R (docs/DESIGN.md §4.1), which keep the row contract among themselves: a
+// row's result does not depend on R or on the row's place in the step, so a prompt split into chunks at any
+// points gives the same bits (§4.6); they need not equal the decode kernels' bits.
+
 // out[r, n] (=|+=) sum_k x[r, k] * W[n, k], f32 accumulation in an order independent of R.
 struct MatmulArgs {
   MatrixId w;  // [N, K], any format
   Tensor x;    // F32 [R, K]
   Tensor out;  // F32 [R, N]
   Accum accum = Accum::kOverwrite;
+  bool prefill = false;
 };
 
 // Products of one input with several matrices (a mixer's input projections), which a backend may run as one
@@ -166,6 +172,7 @@ struct MatmulTarget {
 struct MatmulsArgs {
   Tensor x;  // F32 [R, K]
   std::span<const MatmulTarget> targets;
+  bool prefill = false;
 };
 
 struct AttentionDims {
@@ -201,6 +208,8 @@ struct GatedAttentionArgs {
   int32_t kv_length = 0;
   KvCache cache;
   Tensor out;  // F32 [R, Hq * D]
+  // A prefill piece: a backend may take its prefill kernels whatever R (chunking invariance, DESIGN §4.6).
+  bool prefill = false;
 };
 
 struct GdnDims {
@@ -230,6 +239,14 @@ struct GdnSnapshots {
 // g = -exp(A_log) * softplus(a + dt_bias), then per value head in fp32: S *= exp(g); S += k (beta (v - S^T
 // k))^T; o = S^T q; out = w * rmsnorm(o) * silu(z) per head. Updates state in place; when snapshots is not
 // empty the state after every row r is also written to snapshot row r.
+//
+// Decode and verify steps (prefill false) run that recurrence token by token, which keeps them row-exact.
+// Prefill steps (prefill true, no snapshots) run the chunked form of spec §5.7 over chunks of
+// kGdnPrefillChunk positions aligned to absolute positions (chunk boundaries where position % 64 == 0, the
+// first and last chunk of a step possibly partial): a prompt prefilled in pieces whose boundaries are
+// multiples of 64 leaves bitwise the same states and outputs as one piece (docs/DESIGN.md §4.6). The result
+// agrees with the recurrence within rounding, not bitwise.
+constexpr int kGdnPrefillChunk = 64;
 struct GatedDeltaNetArgs {
   GdnDims dims;
   Tensor qkv;        // F32 [R, C] in_proj_qkv output (pre-conv), q | k | v head-major
@@ -242,7 +259,9 @@ struct GatedDeltaNetArgs {
   VectorId norm;     // [Dv]
   GdnState state;
   GdnSnapshots snapshots;
-  Tensor out;  // F32 [R, Hv * Dv], input of out_proj
+  Tensor out;            // F32 [R, Hv * Dv], input of out_proj
+  bool prefill = false;  // the chunked form; requires empty snapshots
+  int32_t position = 0;  // absolute position of row 0 (places the chunk boundaries when prefill)
 };
 
 // The whole sparse MoE block (spec §6): fp32 softmax router, top-k (ties to the lower expert id),
@@ -256,6 +275,7 @@ struct MoeArgs {
   Tensor x;    // F32 [R, H], post_attention_layernorm output
   Tensor out;  // F32 [R, H]; must not alias x
   Accum accum = Accum::kOverwrite;
+  bool prefill = false;
 };
 
 // out[r] = the lowest index of the maximum of x[r] (NaN never wins).
@@ -394,7 +414,9 @@ class Backend {
   virtual Status add(const AddArgs& args) = 0;
   virtual Status matmul(const MatmulArgs& args) = 0;
   virtual Status matmuls(const MatmulsArgs& args) {
-    for (const MatmulTarget& t : args.targets) PD_TRY(matmul({.w = t.w, .x = args.x, .out = t.out}));
+    for (const MatmulTarget& t : args.targets) {
+      PD_TRY(matmul({.w = t.w, .x = args.x, .out = t.out, .prefill = args.prefill}));
+    }
     return Status::ok();
   }
   virtual Status gated_attention(const GatedAttentionArgs& args) = 0;

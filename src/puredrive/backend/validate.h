@@ -120,6 +120,50 @@ inline Status validate_moe(const MoeWeights& w, const MoeSpec& spec, Status (*va
   return check_matrix_shape("bind_moe", w.shared_expert_gate, 1, hidden);
 }
 
+// gated_delta_net's arguments (backend.h GatedDeltaNetArgs): dims, every tensor's shape in `device` memory,
+// contiguous states, snapshots wide enough for the step, and a prefill step without snapshots.
+inline Status validate_gated_delta_net(Device device, const GatedDeltaNetArgs& a) {
+  const char* op = "gated_delta_net";
+  const GdnDims& d = a.dims;
+  if (d.num_k_heads <= 0 || d.num_v_heads <= 0 || d.num_v_heads % d.num_k_heads != 0 || d.k_head_dim <= 0 ||
+      d.v_head_dim <= 0 || d.conv_kernel < 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: bad dims (k heads {}, v heads {}, k dim {}, v dim {}, kernel {})", op,
+                      d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel);
+  }
+  const int64_t rows = a.qkv.rows;
+  const int64_t value_dim = int64_t{d.num_v_heads} * d.v_head_dim;
+  const int64_t channels = 2 * int64_t{d.num_k_heads} * d.k_head_dim + value_dim;
+  const int64_t state_size = value_dim * d.k_head_dim;
+  PD_TRY(check_tensor_on(device, op, "qkv", a.qkv, DType::kF32, -1, channels));
+  PD_TRY(check_tensor_on(device, op, "z", a.z, DType::kF32, rows, value_dim));
+  PD_TRY(check_tensor_on(device, op, "b", a.b, DType::kF32, rows, d.num_v_heads));
+  PD_TRY(check_tensor_on(device, op, "a", a.a, DType::kF32, rows, d.num_v_heads));
+  PD_TRY(check_tensor_on(device, op, "out", a.out, DType::kF32, rows, value_dim));
+  PD_TRY(check_tensor_on(device, op, "state.conv", a.state.conv, DType::kF32, d.conv_kernel - 1, channels));
+  PD_TRY(check_tensor_on(device, op, "state.recurrent", a.state.recurrent, DType::kF32, d.num_v_heads,
+                         int64_t{d.k_head_dim} * d.v_head_dim));
+  if (!a.state.conv.contiguous() || !a.state.recurrent.contiguous()) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: state tensors must be contiguous", op);
+  }
+  if (a.prefill && !a.snapshots.empty()) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: a prefill step keeps no per-row snapshots (they need the recurrence)", op);
+  }
+  if (a.position < 0) return make_error(ErrorCode::kInvalidArgument, "{}: position {} < 0", op, a.position);
+  if (!a.snapshots.empty()) {
+    PD_TRY(check_tensor_on(device, op, "snapshots.conv", a.snapshots.conv, DType::kF32, -1,
+                           (d.conv_kernel - 1) * channels));
+    PD_TRY(check_tensor_on(device, op, "snapshots.recurrent", a.snapshots.recurrent, DType::kF32,
+                           a.snapshots.conv.rows, state_size));
+    if (a.snapshots.conv.rows < rows) {
+      return make_error(ErrorCode::kInvalidArgument, "{}: {} snapshot rows for a step of {} rows", op,
+                        a.snapshots.conv.rows, rows);
+    }
+  }
+  return Status::ok();
+}
+
 inline Status check_sample_params(const char* which, const SampleParams& p) {
   const bool ok = p.temperature >= 0.0f && p.temperature < 1e30f && p.top_k >= 0 && p.top_p > 0.0f &&
                   p.top_p <= 1.0f && p.min_p >= 0.0f && p.min_p <= 1.0f && p.repetition_penalty > 0.0f &&

@@ -154,7 +154,9 @@ class Generator::Run {
  private:
   int generated() const { return static_cast<int>(seq_.size() - r_.prompt.size()); }
 
-  // All prompt tokens but the last; the drafter observes every row (its next token is known).
+  // All prompt tokens but the last, in chunks of the model's max rows on the backend's prefill kernels
+  // (ForwardOptions::prefill); the drafter observes every row (its next token is known). Cancellation is
+  // checked between chunks.
   Status prefill() {
     SequenceState& st = g_.state_;
     const int count = static_cast<int>(r_.prompt.size()) - 1;
@@ -166,8 +168,9 @@ class Generator::Run {
       positions.resize(static_cast<size_t>(rows));
       std::iota(positions.begin(), positions.end(), begin);
       const std::span<const int32_t> tokens = std::span(r_.prompt).subspan(static_cast<size_t>(begin), rows);
-      PD_ASSIGN_OR_RETURN(StepOutput out,
-                          g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}}));
+      PD_ASSIGN_OR_RETURN(
+          StepOutput out,
+          g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}, .prefill = true}));
       if (drafter_) {
         PD_TRY(drafter_->observe(
             st, begin, std::span(r_.prompt).subspan(static_cast<size_t>(begin) + 1, rows), out.hidden));

@@ -9,7 +9,8 @@
 namespace pd::server {
 namespace {
 
-constexpr const char* kPostRoutes[] = {"/v1/chat/completions", "/v1/completions"};
+constexpr const char* kPostRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                       "/v1/messages/count_tokens"};
 constexpr const char* kGetRoutes[] = {"/v1/models", "/health", "/metrics"};
 
 // The connection of one request: a lazily found socket probe, and for streams the chunked sink.
@@ -103,11 +104,17 @@ void HttpServer::install_routes() {
     if (auth.rfind(prefix, 0) == 0 && same_secret(auth.substr(prefix.size()), options_.api_key)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    ApiError e =
-        api_error(401, "invalid_request_error",
-                  auth.empty() ? "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'."
+    // Anthropic's clients send the key as x-api-key.
+    const std::string x_api_key = req.get_header_value("x-api-key");
+    if (!x_api_key.empty() && same_secret(x_api_key, options_.api_key)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    ApiError e = api_error(401, "invalid_request_error",
+                           auth.empty() && x_api_key.empty()
+                               ? "You didn't provide an API key. Send it as 'Authorization: Bearer KEY' or "
+                                 "'x-api-key: KEY'."
                                : "Incorrect API key provided.",
-                  "invalid_api_key");
+                           "invalid_api_key");
     Reply r = service_.error(e, endpoint_label(req.path));
     r.headers.emplace_back("WWW-Authenticate", "Bearer");
     send(res, r);
@@ -121,6 +128,13 @@ void HttpServer::install_routes() {
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HttpConnection conn(req, nullptr);
     apply(service_.completions(req.body, conn), req, res);
+  });
+  s.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+    HttpConnection conn(req, nullptr);
+    apply(service_.messages(req.body, conn), req, res);
+  });
+  s.Post("/v1/messages/count_tokens", [this, send](const httplib::Request& req, httplib::Response& res) {
+    send(res, service_.count_message_tokens(req.body));
   });
   s.Get("/v1/models",
         [this, send](const httplib::Request&, httplib::Response& res) { send(res, service_.list_models()); });

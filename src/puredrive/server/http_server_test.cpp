@@ -278,5 +278,43 @@ TEST(HttpServer, BadRequestsLeaveTheServerHealthy) {
   }
 }
 
+// Anthropic's routes: x-api-key as well as Bearer, errors (the HTTP layer's own too) in Anthropic's shape.
+TEST(HttpServer, AnthropicRoutesTakeXApiKeyAndAnswerInAnthropicShape) {
+  ServerSetup setup;
+  setup.api_key = "sekrit";
+  TestServer s(setup);
+  const std::string body = json{{"model", "m"},
+                                {"max_tokens", 16},
+                                {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}}
+                               .dump();
+  auto expect_anthropic_error = [](const httplib::Result& r, int status, const char* type) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status);
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["type"], "error") << r->body;
+    EXPECT_EQ(j["error"]["type"], type) << r->body;
+  };
+  auto c = s.client();
+  expect_anthropic_error(c.Post("/v1/messages", body, "application/json"), 401, "authentication_error");
+  expect_anthropic_error(
+      c.Post("/v1/messages", httplib::Headers{{"x-api-key", "wrong"}}, body, "application/json"), 401,
+      "authentication_error");
+  expect_anthropic_error(c.Get("/v1/messages", httplib::Headers{{"x-api-key", "sekrit"}}), 405,
+                         "invalid_request_error");
+  const httplib::Headers anthropic = {{"x-api-key", "sekrit"}, {"anthropic-version", "2023-06-01"}};
+  auto ok = c.Post("/v1/messages", anthropic, body, "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(json::parse(ok->body)["content"][0]["text"], "Hello world");
+  auto count = c.Post("/v1/messages/count_tokens", anthropic, body, "application/json");
+  ASSERT_TRUE(count);
+  EXPECT_EQ(count->status, 200) << count->body;
+  EXPECT_GT(json::parse(count->body)["input_tokens"].get<int>(), 0);
+  // x-api-key works on the OpenAI routes too, and Bearer on Anthropic's.
+  EXPECT_EQ(c.Get("/v1/models", anthropic)->status, 200);
+  c.set_bearer_token_auth("sekrit");
+  EXPECT_EQ(c.Post("/v1/messages", body, "application/json")->status, 200);
+}
+
 }  // namespace
 }  // namespace pd::server
