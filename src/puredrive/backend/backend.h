@@ -208,7 +208,8 @@ struct GatedAttentionArgs {
   int32_t kv_length = 0;
   KvCache cache;
   Tensor out;  // F32 [R, Hq * D]
-  // A prefill piece: a backend may take its prefill kernels whatever R (chunking invariance, DESIGN §4.6).
+  // A prefill piece: a backend may take its prefill kernels whatever R (chunking invariance, docs/DESIGN.md
+  // §4.6).
   bool prefill = false;
 };
 
