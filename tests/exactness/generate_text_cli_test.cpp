@@ -104,6 +104,10 @@ TEST(GenerateText, StatsReportAcceptance) {
   EXPECT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("tokens/cycle"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("per position"), std::string::npos) << r.out;
+  // Where the decode time went: drafting, verify steps, plain steps, the sample op.
+  for (const char* part : {"draft ", "verify ", "plain steps ", "sample "}) {
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << " missing: " << r.out;
+  }
 }
 
 TEST(GenerateText, BadFlagsAreErrors) {

@@ -208,7 +208,8 @@ struct GatedAttentionArgs {
   int32_t kv_length = 0;
   KvCache cache;
   Tensor out;  // F32 [R, Hq * D]
-  // A prefill piece: a backend may take its prefill kernels whatever R (chunking invariance, DESIGN §4.6).
+  // A prefill piece: a backend may take its prefill kernels whatever R (chunking invariance, docs/DESIGN.md
+  // §4.6).
   bool prefill = false;
 };
 
@@ -295,6 +296,9 @@ struct ArgmaxArgs {
 // target's distribution after d_1..d_j; the rule returns a (0 <= a <= k) accepted drafts and one more token
 // y. With k = 0 it draws y from the one row: a plain decoding step, or a drafter drawing its next draft
 // (write_draft stores y at drafts[prior] on the device for the verify call to read).
+//
+// The op never waits for the host and writes a fixed number of words; what changes from call to call (seed,
+// position, uniforms, drafts, history) lives in device memory, so a step recorded with it can be replayed.
 enum class SampleRule : int32_t { kGreedy = 0, kTokenwise = 1, kBlock = 2, kSeeded = 3 };
 
 // How a logits row is processed (the rest of decode/sampling_params.h: logit bias and history are tensors).
@@ -324,7 +328,7 @@ constexpr int kControlSeed = 0;
 constexpr int kControlPosition = 1;
 constexpr int kControlUniforms = 2;
 
-// The first word of the output, and what the second word then holds.
+// The first word of the output, and what the next two words then hold.
 enum class SampleStatus : int32_t {
   kOk = 0,
   kNonFinite = 1,        // a logit is NaN or +inf (row, token); rows count target rows, then draft rows

@@ -340,6 +340,11 @@ class Generator::Run {
 };
 
 Expected<std::unique_ptr<Generator>> Generator::create(Model& model, const GeneratorOptions& options) {
+  if (options.max_draft >= kSampleMaxRows) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "MTP draft length up to {} asked; the sampler verifies at most {}", options.max_draft,
+                      kSampleMaxRows - 1);
+  }
   if (options.max_draft < 0 || options.max_draft + 1 > model.max_rows()) {
     return make_error(ErrorCode::kInvalidArgument,
                       "MTP draft length up to {} needs {} rows per step; the model takes {}",

@@ -37,7 +37,7 @@ struct TokenDistribution {
   std::vector<double> weights;  // [V] w: exactly 0 for masked tokens (greedy: 1 at the argmax)
   std::vector<double> probs;    // [V] p = w / W: the sampling distribution, 0 for masked tokens
   std::vector<int32_t> kept;    // ids with w > 0, ascending
-  U128 mass{};                    // M': the fixed-point mass of the kept tokens
+  U128 mass{};                  // M': the fixed-point mass of the kept tokens
   double mass_weight = 0.0;     // W = double(M') 2^-106
   int32_t argmax = -1;          // argmax of `logits`, lowest id on ties (the greedy token)
   bool greedy = false;          // temperature 0: the point mass on argmax
