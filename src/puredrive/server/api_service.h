@@ -1,11 +1,11 @@
 // The OpenAI-compatible API, independent of the HTTP library: each endpoint takes the request body and the
 // client connection and returns a Reply (status, headers, body, or a function that streams the body as
-// server-sent events). http_server.cpp adapts it to cpp-httplib; tests can call it directly.
+// server-sent events). http_server.cpp serves it over HTTP; tests can call it directly.
 //
 // A generation request goes: parse + validate (chat_request / completion_request) -> PromptBuilder ->
 // context check -> Scheduler::submit -> events -> OutputParser (chat) -> JSON or SSE chunks. The HTTP thread
-// only waits on the request's event queue; it polls the client connection while waiting and cancels the
-// generation as soon as the client is gone.
+// only waits on the request's event queue; the connection cancels the generation as soon as its client is
+// gone (ClientConnection::on_gone), and the waiting thread checks the client between events as well.
 #pragma once
 
 #include <chrono>
@@ -37,6 +37,10 @@ class ClientConnection {
   virtual bool write(std::string_view data) = 0;
   // False once the client closed or reset the connection.
   virtual bool alive() = 0;
+  // Registers `cancel` to run, possibly on another thread, as soon as the client is seen gone (at once if it
+  // already is), so that its generation stops within one step instead of at the next poll of alive().
+  // Connections that cannot watch their socket keep this no-op and are polled.
+  virtual void on_gone(std::function<void()> cancel) { (void)cancel; }
 };
 
 struct Reply {
