@@ -90,6 +90,24 @@ Reply ApiService::error(const ApiError& error, std::string_view endpoint, std::s
   return r;
 }
 
+std::optional<Reply> ApiService::refuse_untokenizable(size_t text_bytes, std::string_view param,
+                                                      std::string_view endpoint, std::string_view id) const {
+  // Tokenizing costs tens of times the text's size in memory, so a text that cannot fit is refused by its
+  // length alone. Each token covers at most max_token_bytes bytes of normalized text, and normalization
+  // (NFC, as in the Qwen tokenizers) makes text at most 3x shorter (Hangul jamo); 4 leaves a margin.
+  const size_t longest = frontend_.prompts->max_token_bytes();
+  if (longest == 0) return std::nullopt;
+  const auto ctx = static_cast<size_t>(engine_.context_size);
+  if (text_bytes / (4 * longest) < ctx) return std::nullopt;
+  return error(
+      invalid_request(fmt::format("This model's maximum context length is {} tokens, but the prompt is {} "
+                                  "bytes long, which is more than {} tokens whatever its tokenization. "
+                                  "Shorten the prompt.",
+                                  ctx, text_bytes, ctx),
+                      std::string(param), "context_length_exceeded"),
+      endpoint, id);
+}
+
 std::variant<ApiService::Admitted, Reply> ApiService::admit(GenerationRequest request,
                                                             std::vector<std::string> stop,
                                                             std::optional<int32_t> max_tokens,

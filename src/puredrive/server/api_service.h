@@ -100,6 +100,9 @@ class ApiService {
     GenerationResult result;
   };
 
+  // The refusal of a prompt whose text (text_bytes) cannot fit the context whatever its tokenization.
+  std::optional<Reply> refuse_untokenizable(size_t text_bytes, std::string_view param,
+                                            std::string_view endpoint, std::string_view id) const;
   // Context check, submit, or the error reply.
   std::variant<Admitted, Reply> admit(GenerationRequest request, std::vector<std::string> stop,
                                       std::optional<int32_t> max_tokens, std::string_view endpoint);

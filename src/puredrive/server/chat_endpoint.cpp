@@ -38,6 +38,12 @@ Reply ApiService::chat_completions(std::string_view body, ClientConnection& clie
   ChatRequest req;
   if (auto err = parse_chat_request(body, limits_, &req)) return error(*err, kEndpoint);
   const std::string id = new_id("chatcmpl-");
+  // Only what every chat template renders whole counts: earlier assistant turns may be shortened.
+  size_t text_bytes = 0;
+  for (const ChatMessage& m : req.prompt.messages) {
+    if (m.role != "assistant") text_bytes += m.content.size();
+  }
+  if (auto refusal = refuse_untokenizable(text_bytes, "messages", kEndpoint, id)) return std::move(*refusal);
   auto prompt = frontend_.prompts->render_chat(req.prompt);
   if (!prompt) {
     ApiError e = error_from_status(prompt.status());

@@ -176,6 +176,25 @@ TEST(HttpServer, QueuedStreamGetsKeepAliveComments) {
   EXPECT_NE(conn.received().find("\"content\":\" world\""), std::string::npos);
 }
 
+// A prompt that cannot fit the context whatever its tokenization is refused before it is tokenized (the
+// message names its length in bytes); one that might fit is tokenized and checked by its token count.
+TEST(HttpServer, HopelesslyLongPromptsAreRefusedBeforeTokenizing) {
+  TestServer s(ServerSetup{});  // context 64 tokens, longest fake token 13 bytes
+  const std::string huge(64 * 13 * 4, 'a');
+  for (const auto& [path, body] :
+       {std::pair{"/v1/completions", json{{"model", "m"}, {"prompt", huge}}.dump()},
+        std::pair{"/v1/chat/completions",
+                  json{{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", huge}}})}}
+                      .dump()}}) {
+    const auto r = s.post(path, body);
+    expect_openai_error(r, 400, "context_length_exceeded");
+    EXPECT_NE(r.body.find("bytes long"), std::string::npos) << r.body;
+  }
+  const auto r = s.post("/v1/completions", json{{"model", "m"}, {"prompt", std::string(100, 'a')}}.dump());
+  expect_openai_error(r, 400, "context_length_exceeded");
+  EXPECT_NE(r.body.find("the prompt has 100 tokens"), std::string::npos) << r.body;
+}
+
 TEST(HttpServer, BadRequestsLeaveTheServerHealthy) {
   TestServer s(ServerSetup{});
   const std::vector<std::pair<std::string, int>> bodies = {{"not json", 400},
