@@ -91,9 +91,6 @@ CHAT = b"/v1/chat/completions"
         ("header line without a colon", b"GET /health HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n", 400,
          "bad_http_request"),
         ("number out of range", post(CHAT, b'{"model": "m", "messages": [], "x": 1e400}'), 400, None),
-        ("response_format type not a string",
-         post(CHAT, b'{"model": "fake", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": 1}}'),
-         400, "invalid_type"),
     ],
 )
 def test_malformed_requests(server, name, data, status, code):
@@ -170,7 +167,15 @@ def test_expect_100_continue_is_not_granted_for_a_body_over_the_limit(server):
     assert b"100 Continue" not in buf
 
 
-def test_echoed_input_is_truncated_and_logs_stay_one_line(server):
+def test_response_format_type_must_be_a_string(server, model):
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                       "response_format": {"type": 1}}).encode()
+    got, reply, _ = exchange(server, post(CHAT, body))
+    assert got == 400
+    assert_openai_error(reply, "invalid_type")
+
+
+def test_echoed_input_is_truncated_and_logs_stay_one_line(server, model):
     huge = "m" * (20 << 20)
     body = json.dumps({"model": huge, "messages": [{"role": "user", "content": "hi"}]}).encode()
     got, reply, _ = exchange(server, post(CHAT, body))
@@ -178,7 +183,7 @@ def test_echoed_input_is_truncated_and_logs_stay_one_line(server):
     assert len(reply) < 2000
     assert_openai_error(reply, "model_not_found")
     forged = "user\nE 2026-12-01T00:00:00.000Z forged line"
-    body = json.dumps({"model": "fake", "messages": [{"role": forged, "content": "hi"}]}).encode()
+    body = json.dumps({"model": model, "messages": [{"role": forged, "content": "hi"}]}).encode()
     got, reply, _ = exchange(server, post(CHAT, body))
     assert got == 400
     log = server.log_text()
