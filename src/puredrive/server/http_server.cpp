@@ -14,7 +14,7 @@ using namespace http_detail;
 
 namespace http_detail {
 
-HandlerPool::HandlerPool(int threads) {
+HandlerPool::HandlerPool(int threads) : size_(static_cast<size_t>(threads)) {
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { loop(); });
 }
 
@@ -25,7 +25,10 @@ HandlerPool::~HandlerPool() {
 bool HandlerPool::try_submit(std::function<void()> task) {
   {
     std::lock_guard lock(mu_);
-    if (stopping_ || tasks_.size() >= idle_) return false;
+    // Counted from the tasks taken, not from the threads seen waiting: a thread that has not reached its
+    // first wait yet (at start, on a loaded machine) is free all the same.
+    if (stopping_ || busy_ >= size_) return false;
+    ++busy_;
     tasks_.push_back(std::move(task));
   }
   cv_.notify_one();
@@ -46,9 +49,7 @@ void HandlerPool::shutdown() {
 void HandlerPool::loop() {
   std::unique_lock lock(mu_);
   for (;;) {
-    ++idle_;
     cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-    --idle_;
     if (tasks_.empty()) return;  // stopping, nothing left
     auto task = std::move(tasks_.front());
     tasks_.pop_front();
@@ -56,6 +57,7 @@ void HandlerPool::loop() {
     task();
     task = nullptr;  // whatever it holds (a session) is released outside the lock
     lock.lock();
+    --busy_;
   }
 }
 

@@ -46,7 +46,8 @@ class HandlerPool {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
-  size_t idle_ = 0;
+  const size_t size_;
+  size_t busy_ = 0;  // tasks queued or running
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };
