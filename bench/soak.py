@@ -226,7 +226,7 @@ def main():
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--out", help="markdown record to write")
-    ap.add_argument("--serve-args", default="--backend cpu --max-queue 64 --ctx-size 1024",
+    ap.add_argument("--serve-args", default="--backend cpu --max-queue 64 --http-threads 96 --ctx-size 1024",
                     help="extra arguments of puredrive serve")
     a = ap.parse_args()
 

@@ -10,7 +10,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto tok = pd::Tokenizer::from_json(std::string_view(reinterpret_cast<const char*>(data), size));
   if (!tok) return 0;
-  for (std::string_view text : {"Hello, world!", "def f(x):\n    return x  # caf\xc3\xa9", "<|im_start|>u\n"}) {
+  for (std::string_view text :
+       {"Hello, world!", "def f(x):\n    return x  # caf\xc3\xa9", "<|im_start|>u\n"}) {
     for (bool special : {false, true}) {
       auto ids = tok->encode(text, special);
       if (ids) (void)tok->decode(*ids, special);

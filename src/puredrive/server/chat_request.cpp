@@ -248,8 +248,8 @@ bool read_tool_choice(FieldReader& f, ChatPrompt* prompt) {
     bool found = false;
     for (const auto& t : prompt->tools) found = found || t["function"]["name"] == tc.function_name;
     if (!found) {
-      return f.value_error("tool_choice",
-                           fmt::format("function '{}' is not among the request's tools.", echo(tc.function_name)));
+      return f.value_error("tool_choice", fmt::format("function '{}' is not among the request's tools.",
+                                                      echo(tc.function_name)));
     }
   }
   return true;

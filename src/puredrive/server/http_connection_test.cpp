@@ -175,8 +175,9 @@ TEST(HttpConnections, ExpectContinueOnlyForAcceptableBodies) {
   TestServer s(setup);
   {
     RawConnection c(s.port);
-    c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-           "Content-Length: 400000000\r\n\r\n");
+    c.send(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        "Content-Length: 400000000\r\n\r\n");
     const auto r = c.read_reply();
     expect_openai_error(r, 413, "payload_too_large");
     EXPECT_EQ(c.received().find("100 Continue"), std::string::npos);
@@ -195,7 +196,8 @@ TEST(HttpConnections, ExpectContinueOnlyForAcceptableBodies) {
 TEST(HttpConnections, OversizedUrlAndHeader) {
   TestServer s(ServerSetup{});
   expect_openai_error(s.get("/" + std::string(20000, 'a')), 414, "uri_too_long");
-  expect_openai_error(s.get("/health", "X-Big: " + std::string(100000, 'a') + "\r\n"), 400, "bad_http_request");
+  expect_openai_error(s.get("/health", "X-Big: " + std::string(100000, 'a') + "\r\n"), 400,
+                      "bad_http_request");
   expect_openai_error(s.get("/health", "X-Big: " + std::string(9000, 'a') + "\r\n"), 400, "bad_http_request");
   EXPECT_EQ(s.get("/health").status, 200);
 }

@@ -81,19 +81,19 @@ HttpRouter::Route HttpRouter::route(const HttpRequest& head) const {
   }
   if (!allow.empty()) {
     // A known route with the wrong method: 405 with Allow, rather than the 404 of an unknown route.
-    out.early = service_.error(
-        api_error(405, "invalid_request_error",
-                  fmt::format("Method {} is not allowed for {}; use {}.", echo(head.method), echo(head.path),
-                              allow),
-                  "method_not_allowed"),
-        label);
+    out.early = service_.error(api_error(405, "invalid_request_error",
+                                         fmt::format("Method {} is not allowed for {}; use {}.",
+                                                     echo(head.method), echo(head.path), allow),
+                                         "method_not_allowed"),
+                               label);
     out.early.headers.emplace_back("Allow", allow);
     return out;
   }
-  out.early = service_.error(
-      api_error(404, "invalid_request_error",
-                fmt::format("Unknown request URL: {} {}.", echo(head.method), echo(head.path)), "unknown_url"),
-      label);
+  out.early =
+      service_.error(api_error(404, "invalid_request_error",
+                               fmt::format("Unknown request URL: {} {}.", echo(head.method), echo(head.path)),
+                               "unknown_url"),
+                     label);
   return out;
 }
 
@@ -130,7 +130,8 @@ Reply HttpRouter::failure(HttpFailure f, std::string_view path) const {
 }
 
 Reply HttpRouter::internal_error(std::string_view what, std::string_view path) const {
-  return service_.error(api_error(500, "server_error", "Internal error: " + echo(what)), endpoint_label(path));
+  return service_.error(api_error(500, "server_error", "Internal error: " + echo(what)),
+                        endpoint_label(path));
 }
 
 }  // namespace pd::server

@@ -23,10 +23,10 @@ struct HttpRequest {
 
 // Failures the connection layer finds before a request reaches a route.
 enum class HttpFailure {
-  kBadRequest,       // malformed request line, header or chunked body
-  kUriTooLong,       // request target over kMaxTargetBytes
-  kBodyTooLarge,     // declared or received body over the limit
-  kServerBusy,       // no handler thread free
+  kBadRequest,    // malformed request line, header or chunked body
+  kUriTooLong,    // request target over kMaxTargetBytes
+  kBodyTooLarge,  // declared or received body over the limit
+  kServerBusy,    // no handler thread free
   kTooManyConnections,
 };
 
@@ -38,7 +38,7 @@ class HttpRouter {
   // body is read.
   struct Route {
     std::function<Reply(const HttpRequest&, ClientConnection&)> handler;  // empty: `early` is the answer
-    bool inline_ok = true;  // cheap enough for the I/O thread
+    bool inline_ok = true;                                                // cheap enough for the I/O thread
     Reply early;
   };
   Route route(const HttpRequest& head) const;

@@ -26,11 +26,11 @@ struct HttpOptions {
   // (or after its first byte on a kept-alive connection), and its body this many seconds plus one per MiB
   // after the headers.
   int read_timeout_seconds = 10;
-  int write_timeout_seconds = 30;   // one write of a response or stream chunk to a client that stopped reading
-  int idle_timeout_seconds = 30;    // a kept-alive connection waiting for its next request
-  int threads = 64;                 // handler threads for generation requests (see docs/API.md)
-  int io_threads = 2;               // threads that run all socket I/O
-  int max_connections = 1024;       // open connections in all
+  int write_timeout_seconds = 30;  // one write of a response or stream chunk to a client that stopped reading
+  int idle_timeout_seconds = 30;   // a kept-alive connection waiting for its next request
+  int threads = 64;                // handler threads for generation requests (see docs/API.md)
+  int io_threads = 2;              // threads that run all socket I/O
+  int max_connections = 1024;      // open connections in all
   int max_connections_per_client = 128;  // open connections from one client address
   int max_requests_per_connection = 1000;
 };

@@ -104,16 +104,15 @@ void Session::read_request() {
   // wait up to the idle timeout for the next request to begin.
   const int wait = requests_ == 0 ? core_.options.read_timeout_seconds : core_.options.idle_timeout_seconds;
   stream_.expires_after(std::chrono::seconds(wait));
-  stream_.async_read_some(buffer_.prepare(kFirstRead),
-                          [self = shared_from_this()](beast::error_code ec, size_t n) {
-                            if (ec) return self->close_now();  // closed, reset or idle too long: no answer
-                            self->buffer_.commit(n);
-                            if (self->requests_ > 0) {
-                              self->stream_.expires_after(
-                                  std::chrono::seconds(self->core_.options.read_timeout_seconds));
-                            }
-                            self->read_header();
-                          });
+  stream_.async_read_some(
+      buffer_.prepare(kFirstRead), [self = shared_from_this()](beast::error_code ec, size_t n) {
+        if (ec) return self->close_now();  // closed, reset or idle too long: no answer
+        self->buffer_.commit(n);
+        if (self->requests_ > 0) {
+          self->stream_.expires_after(std::chrono::seconds(self->core_.options.read_timeout_seconds));
+        }
+        self->read_header();
+      });
 }
 
 void Session::read_header() {
@@ -299,11 +298,12 @@ void Session::post_stream_end(bool ok, uint64_t serial) {
 }
 
 std::string Session::head_bytes(int status, const Reply& reply, bool chunked, bool close) const {
-  std::string out = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\n", status,
-                                std::string_view(http::obsolete_reason(http::int_to_status(
-                                    static_cast<unsigned>(status)))),
-                                reply.content_type);
-  out += chunked ? "Transfer-Encoding: chunked\r\n" : fmt::format("Content-Length: {}\r\n", reply.body.size());
+  std::string out =
+      fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\n", status,
+                  std::string_view(http::obsolete_reason(http::int_to_status(static_cast<unsigned>(status)))),
+                  reply.content_type);
+  out +=
+      chunked ? "Transfer-Encoding: chunked\r\n" : fmt::format("Content-Length: {}\r\n", reply.body.size());
   if (close) out += "Connection: close\r\n";
   for (const auto& [k, v] : reply.headers) out += fmt::format("{}: {}\r\n", k, v);
   out += "\r\n";

@@ -56,7 +56,9 @@ class Session;
 
 struct ServerCore {
   ServerCore(HttpOptions o, ApiService& service, Metrics& m)
-      : options(std::move(o)), router(options.api_key, options.max_body_bytes, service), metrics(m),
+      : options(std::move(o)),
+        router(options.api_key, options.max_body_bytes, service),
+        metrics(m),
         pool(options.threads) {}
 
   // Counts a new connection from `client`; false when a cap is reached.

@@ -61,9 +61,10 @@ std::string Metrics::render(const QueueGauges& queue) const {
   for (const auto& [type, n] : errors_) {
     out += fmt::format("puredrive_errors_total{{type=\"{}\"}} {}\n", type, n);
   }
-  header(out, "puredrive_generations_admitted_total", "counter",
-         "Requests accepted into the queue; each ends in puredrive_generations_total, so admitted = the sum of "
-         "generations_total + queue_length + requests_running.");
+  header(
+      out, "puredrive_generations_admitted_total", "counter",
+      "Requests accepted into the queue; each ends in puredrive_generations_total, so admitted = the sum of "
+      "generations_total + queue_length + requests_running.");
   sample(out, "puredrive_generations_admitted_total", admitted_);
   header(out, "puredrive_generations_total", "counter", "Finished generations by finish reason.");
   for (const auto& [reason, n] : finished_) {

@@ -217,12 +217,13 @@ bool read_logit_bias(FieldReader& f, int32_t vocab_size, SamplingOptions* s) {
       used = 0;
     }
     if (used != key.size() || key.empty() || id < 0 || id >= vocab_size) {
-      return f.value_error("logit_bias",
-                           fmt::format("key '{}' is not a token id between 0 and {}.", echo(key), vocab_size - 1));
+      return f.value_error("logit_bias", fmt::format("key '{}' is not a token id between 0 and {}.",
+                                                     echo(key), vocab_size - 1));
     }
     if (!bias.is_number() || !(bias.get<double>() >= -100.0 && bias.get<double>() <= 100.0)) {
-      return f.value_error("logit_bias",
-                           fmt::format("the bias of token {} must be a number between -100 and 100.", echo(key)));
+      return f.value_error(
+          "logit_bias",
+          fmt::format("the bias of token {} must be a number between -100 and 100.", echo(key)));
     }
     s->logit_bias.emplace_back(static_cast<int32_t>(id), bias.get<float>());
   }
@@ -261,13 +262,13 @@ bool read_common_fields(FieldReader& f, const RequestLimits& limits, CommonField
   bool known = false;
   for (const auto& name : limits.model_names) known = known || name == out->model;
   if (!known) {
-    return f.fail(
-        ApiError{.status = 404,
-                 .type = "invalid_request_error",
-                 .message = fmt::format("The model '{}' does not exist. This server serves '{}'.", echo(out->model),
-                                        limits.model_names.empty() ? "" : limits.model_names[0]),
-                 .param = "model",
-                 .code = "model_not_found"});
+    return f.fail(ApiError{
+        .status = 404,
+        .type = "invalid_request_error",
+        .message = fmt::format("The model '{}' does not exist. This server serves '{}'.", echo(out->model),
+                               limits.model_names.empty() ? "" : limits.model_names[0]),
+        .param = "model",
+        .code = "model_not_found"});
   }
   std::optional<bool> stream;
   if (!f.get_bool("stream", &stream)) return false;

@@ -351,8 +351,8 @@ TEST(RequestErrors, EchoedInputIsBoundedAndLogsAreEscaped) {
   EXPECT_NE(err->message.find("(20971520 bytes)"), std::string::npos) << err->message;
 
   ChatRequest req2;
-  auto role = parse_chat_request(chat_messages(json::array({{{"role", "user\nE 2026 forged"}, {"content", "x"}}})),
-                                 limits(), &req2);
+  auto role = parse_chat_request(
+      chat_messages(json::array({{{"role", "user\nE 2026 forged"}, {"content", "x"}}})), limits(), &req2);
   ASSERT_TRUE(role.has_value());
   const std::string logged = log_safe(role->message);
   EXPECT_EQ(logged.find('\n'), std::string::npos);

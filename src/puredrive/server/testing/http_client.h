@@ -93,7 +93,8 @@ class RawConnection {
     std::optional<size_t> length;
     while (pos != std::string::npos && pos < head.size()) {
       const size_t next = head.find("\r\n", pos + 2);
-      const std::string line = head.substr(pos + 2, next == std::string::npos ? std::string::npos : next - pos - 2);
+      const std::string line =
+          head.substr(pos + 2, next == std::string::npos ? std::string::npos : next - pos - 2);
       const size_t colon = line.find(':');
       if (colon != std::string::npos) {
         std::string value = line.substr(colon + 1);
