@@ -115,6 +115,8 @@ def test_2gb_chunked_body_is_413_without_memory_growth():
         growth_mib = (rss_kib(s.proc.pid, "VmHWM") - before) / 1024
         assert growth_mib < 100, f"peak RSS grew by {growth_mib:.0f} MiB"
         assert s.get("/health")[0] == 200
+        kept_mib = (rss_kib(s.proc.pid) - before) / 1024
+        assert kept_mib < 32, f"{kept_mib:.0f} MiB kept after the request"
     finally:
         assert s.stop() == 0
 
@@ -130,6 +132,9 @@ def test_huge_prompt_is_refused_before_tokenizing(server, model):
     growth_mib = (rss_kib(server.proc.pid, "VmHWM") - before) / 1024
     # The body itself (29 MB) is held and parsed once; tokenizing it would cost over a gigabyte.
     assert growth_mib < 400, f"peak RSS grew by {growth_mib:.0f} MiB"
+    # And the memory goes back once the requests are done.
+    kept_mib = (rss_kib(server.proc.pid) - before) / 1024
+    assert kept_mib < 64, f"{kept_mib:.0f} MiB kept after the requests"
 
 
 @pytest.mark.parametrize("fifo", ["config.json", "model.safetensors", "tokenizer.json"])

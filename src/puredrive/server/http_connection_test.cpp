@@ -83,6 +83,22 @@ TEST(HttpConnections, HeaderDeadlineIsATotal) {
   EXPECT_TRUE(dropped) << "a trickling client kept its connection past the header deadline";
 }
 
+// The same for a body: a deadline for all of it (--read-timeout plus a second per MiB), not per read.
+TEST(HttpConnections, BodyDeadlineIsATotal) {
+  ServerSetup setup;
+  setup.read_timeout_seconds = 1;
+  TestServer s(setup);
+  RawConnection c(s.port, nullptr, /*recv_timeout_seconds=*/1);
+  ASSERT_TRUE(c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{"));
+  const auto deadline = Clock::now() + 20s;
+  bool dropped = false;
+  while (!dropped && Clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+    dropped = !c.send(" ") || !still_open(c);
+  }
+  EXPECT_TRUE(dropped) << "a trickling body kept its connection past the body deadline";
+}
+
 TEST(HttpConnections, IdleKeepAliveConnectionsAreClosed) {
   ServerSetup setup;
   setup.idle_timeout_seconds = 1;
