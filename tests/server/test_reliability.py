@@ -18,6 +18,17 @@ import pytest
 from conftest import BIN, CTX_SIZE, FAKE, Server
 
 
+def kept_mib(pid, before_kib, limit_mib):
+    """RSS above `before_kib` once freed memory shows: the kernel updates a process's RSS counters lazily,
+    so a drop may take a moment to appear."""
+    deadline = time.time() + 10
+    while True:
+        kept = (rss_kib(pid) - before_kib) / 1024
+        if kept < limit_mib or time.time() > deadline:
+            return kept
+        time.sleep(0.1)
+
+
 def rss_kib(pid, field="VmRSS"):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -115,8 +126,8 @@ def test_2gb_chunked_body_is_413_without_memory_growth():
         growth_mib = (rss_kib(s.proc.pid, "VmHWM") - before) / 1024
         assert growth_mib < 100, f"peak RSS grew by {growth_mib:.0f} MiB"
         assert s.get("/health")[0] == 200
-        kept_mib = (rss_kib(s.proc.pid) - before) / 1024
-        assert kept_mib < 32, f"{kept_mib:.0f} MiB kept after the request"
+        kept = kept_mib(s.proc.pid, before, 32)
+        assert kept < 32, f"{kept:.0f} MiB kept after the request"
     finally:
         assert s.stop() == 0
 
@@ -133,8 +144,8 @@ def test_huge_prompt_is_refused_before_tokenizing(server, model):
     # The body itself (29 MB) is held and parsed once; tokenizing it would cost over a gigabyte.
     assert growth_mib < 400, f"peak RSS grew by {growth_mib:.0f} MiB"
     # And the memory goes back once the requests are done.
-    kept_mib = (rss_kib(server.proc.pid) - before) / 1024
-    assert kept_mib < 64, f"{kept_mib:.0f} MiB kept after the requests"
+    kept = kept_mib(server.proc.pid, before, 24)
+    assert kept < 24, f"{kept:.0f} MiB kept after the requests"
 
 
 @pytest.mark.parametrize("fifo", ["config.json", "model.safetensors", "tokenizer.json"])
