@@ -4,14 +4,18 @@
 # machine has none of our -dev packages and no network. Then, on the GPU machine (device tool):
 #   run(command="bash bench/device/run.sh", carry=["build/device-bundle"], timeout_s=420)
 # Environment: PD_DEVICE_BUILD (build directory, default build/h9), JOBS (parallel jobs, default 2),
-# PD_WITH_CHECK=1 (bundle the full CLI too).
+# PD_WITH_CHECK=1 (bundle `puredrive check` too), PD_WITH_SERVE=1 (bundle the full CLI, `serve` included, for
+# the disk models of run.sh), PD_WITH_API=1 (the pinned openai client and its dependencies as wheels from PyPI,
+# about 6 MB, for the GPU machine's Python, PD_API_PYTHON, default 3.12: bench/api_bench.py there, where
+# nothing can be downloaded).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${PD_DEVICE_BUILD:-$root/build/h9}
 bundle=$root/build/device-bundle
-targets=(puredrive_device cuda_ops_tests cuda_model_tests)
+targets=(puredrive_device cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests)
 # PD_WITH_CHECK=1: also `puredrive check` (the puredrive_check binary, no server), for the fixtures (run.sh).
 [ "${PD_WITH_CHECK:-0}" = 1 ] && targets+=(puredrive_check)
+[ "${PD_WITH_SERVE:-0}" = 1 ] && targets+=(puredrive)
 
 # PD_WERROR=OFF: GCC 12 at -O3 raises a false -Wrestrict in code outside the CUDA path (chat/jinja); the CUDA
 # library keeps nvcc's -Werror=all-warnings.
@@ -24,8 +28,10 @@ cmake --build "$build" --target "${targets[@]}" -j"${JOBS:-2}"
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
 cp "$build/bin/puredrive_device" "$bundle/bin/"
-cp "$build/tests/cuda/cuda_ops_tests" "$build/tests/cuda/cuda_model_tests" "$bundle/bin/"
+cp "$build/tests/cuda/cuda_ops_tests" "$build/tests/cuda/cuda_model_tests" "$build/tests/cuda/cuda_sampling_tests" "$build/tests/cuda/cuda_upload_tests" \
+  "$bundle/bin/"
 [ "${PD_WITH_CHECK:-0}" = 1 ] && cp "$build/bin/puredrive_check" "$bundle/bin/"
+[ "${PD_WITH_SERVE:-0}" = 1 ] && cp "$build/bin/puredrive" "$bundle/bin/"
 strip --strip-unneeded "$bundle"/bin/*
 
 # Shared libraries outside the C/C++ runtime (the GPU machine's glibc and libstdc++ are newer than ours).
@@ -42,6 +48,14 @@ for b in "$bundle"/bin/*; do
   done
 done
 strip --strip-unneeded "$bundle"/lib/* 2>/dev/null || true
+
+# The openai client at the server suite's pins, as wheels for the GPU machine's Python; run.sh installs them
+# there into a scratch directory.
+if [ "${PD_WITH_API:-0}" = 1 ]; then
+  python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: --implementation cp \
+    --python-version "${PD_API_PYTHON:-3.12}" --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$bundle/wheels" -c "$root/tests/server/requirements.txt" openai
+fi
 
 # The test binaries find tests/fixtures under the source path compiled into them; run.sh links it there.
 echo "$root" >"$bundle/source_dir"

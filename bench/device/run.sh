@@ -8,8 +8,14 @@
 # Environment: PD_BUDGET_S (seconds for the whole script, default 400), PD_QUANTS (default "bf16 q8 q6"; the
 # first gets PD_CONTEXTS, default 2k,32k, and PD_FIRST_BENCH_S seconds; the others PD_OTHER_CONTEXTS and
 # PD_OTHER_BENCH_S), PD_TOKENS (decode tokens per cell, default 128), PD_PREFILL_CHUNK (rows per prefill
-# step, default 256: the tiled kernels), PD_RACECHECK_S, PD_SKIP_SANITIZER=1, PD_CHECK_S (seconds per
+# step, default 256: the tiled kernels), PD_FILL (bench --fill, default auto: cells above 64K tokens get the
+# synthetic KV / GDN fill, so PD_CONTEXTS=2k,32k,128k,256k costs about 10 s more per long cell than the
+# default; give PD_FIRST_BENCH_S room for them), PD_RACECHECK_S, PD_SKIP_SANITIZER=1, PD_CHECK_S (seconds per
 # `puredrive check`, default 40), PD_SKIP_CHECK=1.
+# PD_DISK_MODELS="q8 oq6e": checkpoints written to disk,
+# loaded, benchmarked and served (bench/device/disk_models.sh, its own PD_DISK_* settings), after the rest;
+# PD_DISK_ONLY=1: only those (and the upload test), e.g.
+#   run(command="PD_DISK_ONLY=1 PD_DISK_MODELS=q8 bash bench/device/run.sh", carry=[...], timeout_s=600)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -82,8 +88,19 @@ run_phase() {
 }
 
 bin=$bundle/bin
+# shellcheck source=bench/device/disk_models.sh
+source "$root/bench/device/disk_models.sh"
+[ -x "$bin/cuda_upload_tests" ] && run_phase "cuda_upload_tests" 60 "$bin/cuda_upload_tests"
+if [ "${PD_DISK_ONLY:-0}" = 1 ]; then
+  disk_models
+  echo
+  echo "== summary ($(($(date +%s) - start)) s; full log: run.log)"
+  cat "$summary"
+  exit 0
+fi
 run_phase "cuda_ops_tests" 150 "$bin/cuda_ops_tests"
 run_phase "cuda_model_tests" 150 "$bin/cuda_model_tests"
+run_phase "cuda_sampling_tests" 150 "$bin/cuda_sampling_tests"
 
 # Synthetic weights generated on the device equal the host-materialised ones: same greedy tokens on CUDA and CPU.
 for q in bf16 q6; do
@@ -105,24 +122,31 @@ bench() {
   local q=$1 secs=$2 ctx=$3
   run_phase "bench $q $ctx" "$secs" "$bin/puredrive_device" bench --synth qwen3.5-35b-a3b --quant "$q" \
     --contexts "$ctx" --tokens "$tokens" --profile-steps 3 --prefill-chunk "${PD_PREFILL_CHUNK:-256}" \
-    --json "$out/bench_$q.json" --commit "$commit" --note "$dirty"
+    --fill "${PD_FILL:-auto}" --json "$out/bench_$q.json" --commit "$commit" --note "$dirty"
   [ -f "$out/bench_$q.json" ] && python3 - "$out/bench_$q.json" >>"$summary" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 if not j.get("complete"):
     print(f"  {j['model']['quant']}: INCOMPLETE, {len(j['cells'])} cell(s) finished")
 bw = j["copy_bandwidth_bytes_per_second"] / 1e9
-rx = j.get("row_exact_check")
-if rx:
-    print(f"  {j['model']['quant']}: row-exact check at real dims ({rx['rows']} rows vs one-row steps): "
-          f"logits {rx['logits_equal']}, KV {rx['kv_equal']}, GDN state {rx['gdn_state_equal']} -> "
-          f"{'PASS' if rx['pass'] else 'FAIL'}")
+for key in ("row_exact_check", "row_exact_check_long"):
+    rx = j.get(key)
+    if rx:
+        print(f"  {j['model']['quant']}: row-exact check at real dims ({rx['rows']} rows vs one-row steps after "
+              f"{rx['prompt_tokens']} tokens): logits {rx['logits_equal']}, KV {rx['kv_equal']}, "
+              f"GDN state {rx['gdn_state_equal']} -> {'PASS' if rx['pass'] else 'FAIL'}")
 for c in j["cells"]:
     g = c.get("cuda_graphs") or {}
+    pf = c.get("prefill_tokens_per_second")
+    fill = f"prefill {pf:.0f} tok/s" if pf is not None else f"synthetic fill {c.get('fill_seconds', 0):.1f} s"
+    at = c.get("decode_attention") or {}
+    attn = (f"attention {at['kv_bytes_per_step']/1e9:.2f} GB/step in {at['ms_per_step']:.3f} ms = "
+            f"{at['bandwidth_bytes_per_second']/1e9:.0f} GB/s ({100*at['share_of_profiled_step']:.0f}% of the step)"
+            if "ms_per_step" in at else "attention -")
     print(f"  {j['model']['quant']:>4} ctx {c['context']:>6}: decode {c['decode_tokens_per_second']:7.1f} tok/s, "
           f"floor {c['floor_tokens_per_second']:7.1f} ({100*c['fraction_of_floor']:4.1f}%), "
           f"step {c['step_ms_median']:.3f} ms, verify R={c['verify']['rows']}/R=1 {c['verify']['ratio']:.2f}, "
-          f"prefill {c['prefill_tokens_per_second']:.0f} tok/s, nodes/step {g.get('nodes_in_decode_graph','-')}, "
+          f"{fill}, {attn}, nodes/step {g.get('nodes_in_decode_graph','-')}, "
           f"host {g.get('host_record_ms_per_step', 0):.3f} ms + gpu {g.get('graph_gpu_ms_per_step', 0):.3f} ms/step, "
           f"copy bw {bw:.0f} GB/s")
     for t in (c.get("op_profile") or [])[:8]:
@@ -180,10 +204,17 @@ if [ "${PD_SKIP_SANITIZER:-0}" != 1 ]; then
   # own slot; the matmul case covers the tiled prefill kernel (R = 11).
   export PD_CUDA_TEST_SMALL=1
   run_phase "racecheck attention (small)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
-    "$bin/cuda_ops_tests" --gtest_filter='CudaOps.AttentionMatchesCpuAndIsRowExact'
+    "$bin/cuda_ops_tests" --gtest_filter='CudaAttention.*'
   run_phase "racecheck MoE + matmul (small)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
     "$bin/cuda_ops_tests" --gtest_filter='CudaOps.MoeMatchesCpuAndIsRowExact:CudaOps.MatmulEveryFormatRowExact'
+  run_phase "racecheck GDN prefill (small)" "${PD_RACECHECK_S:-60}" "$cs" --tool racecheck --error-exitcode 9 \
+    "$bin/cuda_ops_tests" --gtest_filter='CudaGdnPrefill.MatchesCpuRecurrenceAndChunkedForm'
   unset PD_CUDA_TEST_SMALL
+  # The sample op: shared-memory races in its selection and scans, out-of-bounds accesses.
+  run_phase "racecheck sampling (quick)" 60 "$cs" --tool racecheck --error-exitcode 9 "$bin/cuda_sampling_tests" \
+    --gtest_filter='CudaSample.MixedCasesSmallVocabularies:CudaSample.DeepSelection'
+  run_phase "memcheck sampling (quick)" 60 "$cs" --tool memcheck --error-exitcode 9 "$bin/cuda_sampling_tests" \
+    --gtest_filter='CudaSample.MixedCases*'
   run_phase "memcheck model subset (quick)" 60 "$cs" --tool memcheck --error-exitcode 9 "$bin/cuda_model_tests" \
     --gtest_filter='*MatchesCpu/qwen3next_f32:*MtpRows*/qwen35_mlx_q:*Repeated*/qwen35_bf16'
   unset PD_CUDA_TEST_QUICK
@@ -212,6 +243,7 @@ if [ -x "$bin/puredrive_check" ] && [ "${PD_SKIP_CHECK:-0}" != 1 ]; then
 fi
 
 for q in ${quants#"$first_q"}; do bench "$q" "${PD_OTHER_BENCH_S:-100}" "${PD_OTHER_CONTEXTS:-$contexts}"; done
+disk_models
 
 echo
 echo "== summary ($(($(date +%s) - start)) s; full log: run.log)"

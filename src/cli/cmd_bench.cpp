@@ -5,7 +5,11 @@
 // + a table.
 //
 // Deviations from §7, recorded in the JSON: the prefill uses seeded random token ids (random weights have no
-// tokenizer), and one run per cell by default (--runs).
+// tokenizer), and one run per cell by default (--runs). With --fill synthetic (or auto, above 64K tokens) a
+// cell's KV cache and GDN states are filled with random values instead of a prefill (`fill: synthetic`, the
+// deviation §7 allows for random weights; prefill speed then comes from the real-fill cells). Per cell, the
+// decode-attention bytes per step (K and V read at the profiled positions) and their achieved bandwidth over
+// the attention op's device time in the profiled steps (--profile-steps).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,10 +24,12 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "cli/synth_model.h"
 #include "puredrive/backend/backend.h"
 #include "puredrive/model/model.h"
+#include "puredrive/model/synthetic_fill.h"
 #ifdef PD_HAVE_CUDA
 #include "puredrive/backend/cuda/cuda_backend.h"
 #endif
@@ -31,119 +37,34 @@
 namespace pd::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-struct BenchArgs {
-  std::string synth;
-  std::string model;
-  std::string quant = "bf16";
-  uint64_t seed = 0;
-  std::string contexts = "2k,32k";
-  int tokens = 128;
-  int runs = 1;
-  int verify_rows = 3;
-  int verify_iters = 16;
-  int prefill_chunk = 8;
-  int profile_steps = 0;  // eager one-row steps timed op by op after the timed phases (CUDA)
-  int copy_mib = 0;       // 0: 1024 on CUDA, 64 on the CPU
-  std::string backend = "cuda";
-  int threads = 0;
-  std::string json_out;
-  std::string commit;
-  std::string note;
-};
-
 [[noreturn]] void fail(const Status& s) {
-  fmt::print(stderr, "puredrive bench: {}\n", s.message());
-  throw CLI::RuntimeError(1);
+  bench_fail(s);
 }
-
 template <typename T>
 T check(Expected<T> e) {
-  if (!e) fail(e.status());
-  return std::move(e).value();
+  return bench_check(std::move(e));
 }
 void check(const Status& s) {
-  if (!s) fail(s);
+  bench_check(s);
 }
 
-Expected<std::vector<int>> parse_contexts(const std::string& text) {
-  std::vector<int> out;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    std::string item = text.substr(i, j - i);
-    int64_t mult = 1;
-    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) {
-      mult = 1024;
-      item.pop_back();
-    }
-    try {
-      size_t used = 0;
-      const long v = std::stol(item, &used);
-      if (used != item.size() || v <= 0 || v * mult > (1 << 24)) throw std::out_of_range("context");
-      out.push_back(static_cast<int>(v * mult));
-    } catch (const std::exception&) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "--contexts: '{}' is not a context size like 2k or 32768", text.substr(i, j - i));
-    }
-    i = j + 1;
-  }
-  if (out.empty()) return make_error(ErrorCode::kInvalidArgument, "--contexts is empty");
-  return out;
-}
+// --fill auto: contexts above this take the synthetic fill (a real prefill of 128K tokens does not fit a
+// device slot); 64K and below keep the real prefill, whose speed the record reports.
+constexpr int kAutoSyntheticFrom = 65536;
 
-double seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-// Device-to-device copy bandwidth, counting bytes read plus bytes written (METHOD.md).
-double copy_bandwidth(Backend& be, int64_t bytes) {
-  Buffer a = check(be.alloc(DType::kU8, 1, bytes)), b = check(be.alloc(DType::kU8, 1, bytes));
-  for (int i = 0; i < 2; ++i) check(be.copy(b.tensor(), a.tensor()));
-  check(be.synchronize());
-  const int n = 10;
-  std::vector<double> times;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i)
-      check(be.copy(i % 2 == 0 ? b.tensor() : a.tensor(), i % 2 == 0 ? a.tensor() : b.tensor()));
-    check(be.synchronize());
-    times.push_back(seconds(t0, Clock::now()));
-  }
-  return 2.0 * static_cast<double>(bytes) * n / median(times);
+bool synthetic_fill_for(const std::string& fill, int context) {
+  return fill == "synthetic" || (fill == "auto" && context > kAutoSyntheticFrom);
 }
 
 // One recorded step: forward over tokens (positions continue the state), argmax of the requested logits rows
 // on the device, then the ids are downloaded (the only host synchronisation).
 std::vector<int32_t> run_step(Model& m, SequenceState& st, std::span<const int32_t> tokens, LogitRows rows,
-                              const Buffer& ids) {
+                              const Buffer& ids, bool prefill = false) {
   Backend& be = m.backend();
   std::vector<int32_t> pos(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) pos[i] = st.length() + static_cast<int32_t>(i);
   check(be.begin_step());
-  Expected<StepOutput> o = m.forward(st, tokens, pos, {.logits = rows, .tap = {}});
+  Expected<StepOutput> o = m.forward(st, tokens, pos, {.logits = rows, .tap = {}, .prefill = prefill});
   if (o && !o->logits.empty()) {
     const Status s = be.argmax({.x = o->logits, .out = ids.row_slice(0, o->logits.rows)});
     if (!s) {
@@ -163,22 +84,24 @@ std::vector<int32_t> run_step(Model& m, SequenceState& st, std::span<const int32
 
 // Row-exactness at the model's real dimensions: an R-row verify step gives bitwise what R one-row steps give
 // (the logits of every row, the KV entries, every GDN conv and recurrent state), from two states filled by
-// the same prefill.
-nlohmann::json row_exact_check(const BenchArgs& a, Model& m, const SynthModel& sm) {
+// the same prefill of 64 tokens, or by the same synthetic fill of `synthetic` tokens (a long context, whose
+// attention has many splits).
+nlohmann::json row_exact_check(const BenchArgs& a, Model& m, const SynthModel& sm, int synthetic = 0) {
   Backend& be = m.backend();
   const int V = sm.config.vocab_size;
   const int R = a.verify_rows;
-  const int prompt_len = 64;
+  const int prompt_len = synthetic > 0 ? synthetic : 64;
   const StateOptions opts{
       .ctx_size = prompt_len + R + 8, .kv_dtype = DType::kBF16, .max_rows = std::max(8, R)};
   SequenceState wide = check(m.new_state(opts)), narrow = check(m.new_state(opts));
   Buffer ids = check(be.alloc(DType::kI32, std::max(8, a.prefill_chunk), 1));
   const std::vector<int32_t> prompt = synth_tokens(sm.seed + 7, V, prompt_len);
   for (SequenceState* st : {&wide, &narrow}) {
-    for (int begin = 0; begin < prompt_len; begin += m.max_rows()) {
+    if (synthetic > 0) check(fill_synthetic(be, *st, synthetic, sm.seed + 9));
+    for (int begin = 0; synthetic == 0 && begin < prompt_len; begin += m.max_rows()) {
       const int n = std::min(m.max_rows(), prompt_len - begin);
       run_step(m, *st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-               LogitRows::kNone, ids);
+               LogitRows::kNone, ids, /*prefill=*/true);
     }
   }
   const std::vector<int32_t> toks = synth_tokens(sm.seed + 8, V, R);
@@ -225,10 +148,12 @@ nlohmann::json row_exact_check(const BenchArgs& a, Model& m, const SynthModel& s
     }
   }
   const bool pass = logits_equal && kv_equal && gdn_equal;
-  fmt::print(stderr, "row-exact check ({} rows vs {} one-row steps, {} KV + {} GDN layers): {}\n", R, R,
-             kv_layers, gdn_layers, pass ? "bitwise equal" : "DIFFERENT");
+  fmt::print(stderr,
+             "row-exact check ({} rows vs {} one-row steps after {} tokens, {} KV + {} GDN layers): {}\n", R,
+             R, prompt_len, kv_layers, gdn_layers, pass ? "bitwise equal" : "DIFFERENT");
   return {{"rows", R},
           {"prompt_tokens", prompt_len},
+          {"fill", synthetic > 0 ? "synthetic" : "real"},
           {"logits_equal", logits_equal},
           {"kv_equal", kv_equal},
           {"gdn_state_equal", gdn_equal},
@@ -248,15 +173,21 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   Buffer ids = check(be.alloc(DType::kI32, std::max(8, a.prefill_chunk), 1));
   const std::vector<int32_t> prompt = synth_tokens(sm.seed + static_cast<uint64_t>(context), V, context);
 
-  // Prefill in chunks of max_rows rows; only the last chunk produces logits.
+  // Prefill in chunks of max_rows rows; only the last chunk produces logits. The synthetic fill writes the
+  // state directly and starts decoding from a seeded token.
+  const bool synthetic = synthetic_fill_for(a.fill, context);
   const auto p0 = Clock::now();
   std::vector<int32_t> last;
+  if (synthetic) {
+    check(fill_synthetic(be, st, context, sm.seed + static_cast<uint64_t>(context)));
+    last = {prompt.back()};
+  }
   const int chunk = m.max_rows();
-  for (int begin = 0; begin < context; begin += chunk) {
+  for (int begin = 0; !synthetic && begin < context; begin += chunk) {
     const int n = std::min(chunk, context - begin);
     const bool final_chunk = begin + n == context;
     last = run_step(m, st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids);
+                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids, /*prefill=*/true);
     if ((begin / chunk + 1) % 1024 == 0) {
       fmt::print(stderr, "  prefill {}/{} tokens, {:.1f} s\n", begin + n, context, seconds(p0, Clock::now()));
     }
@@ -312,11 +243,44 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     }
     return median(t);
   };
+  // Distinct experts per step of each width (CUDA): a verify step's rows select different experts, so its
+  // floor is its own bytes, not the one-row step's.
+  auto experts_per_step = [&](int64_t before, int64_t after) {
+    return static_cast<double>(after - before) / (a.verify_iters + 2);
+  };
+  int64_t e0 = 0, e1 = 0, e2 = 0;
+  const bool count_experts = be.device() == Device::kCuda;
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e0 = check(cuda_moe_experts_read(be));
+#endif
   const double r1 = time_rows(1);
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e1 = check(cuda_moe_experts_read(be));
+#endif
   const double rn = time_rows(a.verify_rows);
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e2 = check(cuda_moe_experts_read(be));
+#endif
+  nlohmann::json verify = {
+      {"rows", a.verify_rows}, {"r1_ms", 1e3 * r1}, {"rn_ms", 1e3 * rn}, {"ratio", rn / r1}};
+  if (count_experts) {
+    // One step's bytes with the experts it read; the R-row step also writes R GDN state snapshots.
+    const StepBytes& sb = sm.step_bytes;
+    const double expert_bytes =
+        static_cast<double>(sb.experts_active) /
+        static_cast<double>(sm.config.num_experts_per_tok * sm.config.num_hidden_layers);
+    const double x1 = experts_per_step(e0, e1), xn = experts_per_step(e1, e2);
+    const double base = static_cast<double>(sb.at_context(context) - sb.experts_active);
+    const double b1 = base + x1 * expert_bytes;
+    const double bn = base + xn * expert_bytes + static_cast<double>(a.verify_rows) * sb.gdn_state / 2;
+    verify["experts_per_step"] = {{"r1", x1}, {"rn", xn}};
+    verify["floor_ratio"] = bn / b1;
+  }
 
   // Where a decode step's device time goes: a few eager one-row steps with every op timed by events.
   nlohmann::json profile = nlohmann::json::array();
+  const int profile_from = st.length();  // position of the first profiled step
+  double attention_s = 0, profiled_s = 0;
 #ifdef PD_HAVE_CUDA
   if (a.profile_steps > 0 && be.device() == Device::kCuda) {
     set_cuda_op_profiling(be, true);
@@ -337,7 +301,11 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     check(be.synchronize());
     set_cuda_op_profiling(be, false);
     double total = 0;
-    for (const CudaOpTime& t : cuda_op_profile(be)) total += t.seconds;
+    for (const CudaOpTime& t : cuda_op_profile(be)) {
+      total += t.seconds;
+      if (t.label == "gated_attention") attention_s += t.seconds;
+    }
+    profiled_s = total;
     for (const CudaOpTime& t : cuda_op_profile(be)) {
       profile.push_back({{"op", t.label},
                          {"calls_per_step", static_cast<double>(t.count) / a.profile_steps},
@@ -350,10 +318,30 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   const int64_t bytes = sm.step_bytes.at_context(context);
   const double floor_tps = bandwidth / static_cast<double>(bytes);
   const double tps = static_cast<double>(a.tokens) / decode_s;
+  // Decode attention: the profiled step at position p reads the K and V of keys [0, p] in every attention
+  // layer; achieved bandwidth = those bytes / the attention op's device time (qk norm + RoPE + cache write,
+  // split-K partials, merge with the gate), both per profiled step.
+  const double keys = a.profile_steps > 0 ? profile_from + 0.5 * (a.profile_steps - 1) + 1 : context + 1.0;
+  const double attention_bytes = static_cast<double>(sm.step_bytes.kv_per_token) * keys;
+  nlohmann::json attention = {{"kv_bytes_per_step", attention_bytes},
+                              {"at_keys", keys},
+                              {"how",
+                               "K+V bytes of keys [0, p] over all attention layers / attention op device "
+                               "time, eager one-row steps of the op profile"}};
+  if (attention_s > 0) {
+    const double per_step = attention_s / a.profile_steps;
+    attention["ms_per_step"] = 1e3 * per_step;
+    attention["bandwidth_bytes_per_second"] = attention_bytes / per_step;
+    attention["share_of_profiled_step"] = attention_s / profiled_s;
+  }
+  const double prefill_tps = synthetic ? 0.0 : context / prefill_s;
   return {{"context", context},
-          {"prefill_tokens", context},
-          {"prefill_seconds", prefill_s},
-          {"prefill_tokens_per_second", context / prefill_s},
+          {"fill", synthetic ? "synthetic" : "real"},
+          {"prefill_tokens", synthetic ? 0 : context},
+          {"prefill_seconds", synthetic ? nlohmann::json(nullptr) : nlohmann::json(prefill_s)},
+          {"fill_seconds", synthetic ? nlohmann::json(prefill_s) : nlohmann::json(nullptr)},
+          {"prefill_tokens_per_second", synthetic ? nlohmann::json(nullptr) : nlohmann::json(prefill_tps)},
+          {"decode_attention", attention},
           {"decode_tokens", a.tokens},
           {"decode_seconds", decode_s},
           {"decode_tokens_per_second", tps},
@@ -362,7 +350,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
           {"bytes_per_step", bytes},
           {"floor_tokens_per_second", floor_tps},
           {"fraction_of_floor", tps / floor_tps},
-          {"verify", {{"rows", a.verify_rows}, {"r1_ms", 1e3 * r1}, {"rn_ms", 1e3 * rn}, {"ratio", rn / r1}}},
+          {"verify", verify},
           {"cuda_graphs", graph},
           {"op_profile", profile},
           {"first_tokens", std::vector<int32_t>(generated.begin(),
@@ -370,10 +358,12 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
 }
 
 void run_bench(const BenchArgs& a) {
-  if (!a.model.empty()) {
-    fail(make_error(ErrorCode::kUnsupported, "bench --model is not implemented yet; use --synth ARCH"));
+  if (!a.model.empty() && !a.synth.empty()) {
+    fail(make_error(ErrorCode::kInvalidArgument, "bench takes --synth ARCH or --model DIR, not both"));
   }
-  if (a.synth.empty()) fail(make_error(ErrorCode::kInvalidArgument, "bench needs --synth ARCH"));
+  if (!a.model.empty()) return run_bench_model(a);
+  if (a.synth.empty())
+    fail(make_error(ErrorCode::kInvalidArgument, "bench needs --synth ARCH or --model DIR"));
   const std::vector<int> contexts = check(parse_contexts(a.contexts));
   // Declared first: the model and the synthetic weights are destroyed before the backend.
   std::unique_ptr<Backend> owner = check(create_backend({.name = a.backend, .threads = a.threads}));
@@ -385,24 +375,14 @@ void run_bench(const BenchArgs& a) {
   std::unique_ptr<SynthModel> sm =
       check(make_synth_model(a.synth, a.quant, a.seed, be.device() == Device::kCpu));
   std::unique_ptr<Model> model =
-      check(create_model(sm->config, sm->weights, be, {.max_rows = a.prefill_chunk}));
+      check(create_model(sm->config, sm->weights, be, {.max_rows = a.prefill_chunk, .max_logit_rows = 8}));
   check(be.synchronize());
   const double build_s = seconds(b0, Clock::now());
 
-  nlohmann::json device = {{"backend", be.name()}};
-#ifdef PD_HAVE_CUDA
-  if (std::optional<CudaDeviceInfo> d = cuda_device_info(be)) {
-    device = {{"backend", be.name()},
-              {"name", d->name},
-              {"compute_capability", fmt::format("{}.{}", d->compute_major, d->compute_minor)},
-              {"multiprocessors", d->multiprocessors},
-              {"memory_bytes", d->total_memory},
-              {"cuda_driver_version", d->driver_version},
-              {"cuda_runtime_version", d->runtime_version}};
-  }
-#endif
+  const nlohmann::json device = device_json(be);
+  // Schema 2: per-cell fill and decode_attention; prefill fields are null in synthetic-fill cells.
   nlohmann::json out = {
-      {"schema", "puredrive-bench/1"},
+      {"schema", "puredrive-bench/2"},
       {"date_utc", utc_now()},
       {"commit", a.commit},
       {"note", a.note},
@@ -419,6 +399,9 @@ void run_bench(const BenchArgs& a) {
         {"decode_tokens", a.tokens},
         {"runs_per_cell", a.runs},
         {"prefill", "real prefill of seeded random token ids (random weights have no tokenizer)"},
+        {"fill", a.fill == "auto"
+                     ? fmt::format("auto: real up to {} tokens, synthetic above", kAutoSyntheticFrom)
+                     : a.fill},
         {"prefill_chunk_rows", a.prefill_chunk},
         {"kv_dtype", "bf16"},
         {"floor",
@@ -433,13 +416,11 @@ void run_bench(const BenchArgs& a) {
       {"cells", nlohmann::json::array()},
       {"complete", false}};
   // The record is rewritten after every cell, so a run cut short still leaves its finished cells.
-  auto write = [&] {
-    if (a.json_out.empty()) return;
-    std::ofstream f(a.json_out);
-    f << out.dump(2) << "\n";
-    if (!f) fail(make_error(ErrorCode::kIo, "cannot write --json {}", a.json_out));
-  };
+  auto write = [&] { write_record(a.json_out, out); };
   out["row_exact_check"] = row_exact_check(a, *model, *sm);
+  // After 8190 tokens the verify rows straddle the doubling of the attention split size of the 35B shape
+  // (64 -> 128 keys at 8192 keys, backend/cuda/attention_plan.h).
+  if (a.fill != "real") out["row_exact_check_long"] = row_exact_check(a, *model, *sm, 8190);
   write();
   for (int c : contexts) {
     for (int run = 0; run < a.runs; ++run) {
@@ -457,43 +438,96 @@ void run_bench(const BenchArgs& a) {
   const nlohmann::json& cells = out["cells"];
   fmt::print("synthetic {} {} on {}, copy bandwidth {:.0f} GB/s\n", a.synth, a.quant, be.name(),
              bandwidth / 1e9);
-  fmt::print("{:>8} {:>12} {:>11} {:>11} {:>8} {:>14} {:>16}\n", "context", "prefill t/s", "decode t/s",
-             "floor t/s", "%floor", "step ms med", "verify R=" + std::to_string(a.verify_rows) + "/R=1");
+  fmt::print("{:>8} {:>12} {:>11} {:>11} {:>8} {:>14} {:>16} {:>12} {:>10} {:>9}\n", "context", "prefill t/s",
+             "decode t/s", "floor t/s", "%floor", "step ms med",
+             "verify R=" + std::to_string(a.verify_rows) + "/R=1", "bytes ratio", "attn ms", "attn GB/s");
   for (const nlohmann::json& c : cells) {
-    fmt::print("{:>8} {:>12.1f} {:>11.1f} {:>11.1f} {:>7.1f}% {:>14.3f} {:>16.2f}\n", c["context"].get<int>(),
-               c["prefill_tokens_per_second"].get<double>(), c["decode_tokens_per_second"].get<double>(),
-               c["floor_tokens_per_second"].get<double>(), 100.0 * c["fraction_of_floor"].get<double>(),
-               c["step_ms_median"].get<double>(), c["verify"]["ratio"].get<double>());
+    const nlohmann::json& v = c["verify"];
+    const nlohmann::json& at = c["decode_attention"];
+    fmt::print("{:>8} {:>12} {:>11.1f} {:>11.1f} {:>7.1f}% {:>14.3f} {:>16.2f} {:>12} {:>10} {:>9}\n",
+               c["context"].get<int>(),
+               c["prefill_tokens_per_second"].is_null()
+                   ? std::string("synthetic")
+                   : fmt::format("{:.1f}", c["prefill_tokens_per_second"].get<double>()),
+               c["decode_tokens_per_second"].get<double>(), c["floor_tokens_per_second"].get<double>(),
+               100.0 * c["fraction_of_floor"].get<double>(), c["step_ms_median"].get<double>(),
+               v["ratio"].get<double>(),
+               v.contains("floor_ratio") ? fmt::format("{:.2f}", v["floor_ratio"].get<double>()) : "-",
+               at.contains("ms_per_step") ? fmt::format("{:.3f}", at["ms_per_step"].get<double>()) : "-",
+               at.contains("bandwidth_bytes_per_second")
+                   ? fmt::format("{:.0f}", at["bandwidth_bytes_per_second"].get<double>() / 1e9)
+                   : "-");
   }
 }
 
 void setup_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  auto* cmd = app.add_subcommand("bench", "Decode benchmark (docs/DESIGN.md §7) on a synthetic model");
+  auto* cmd = app.add_subcommand(
+      "bench", "Decode benchmark (docs/DESIGN.md §7) on a synthetic model or a checkpoint on disk");
   cmd->add_option("--synth", args->synth, "Synthetic architecture")->check(CLI::IsMember(synth_archs()));
-  cmd->add_option("--model", args->model, "Model directory (not implemented yet)");
+  cmd->add_option("--model", args->model, "Model directory: the protocol on a real checkpoint");
   cmd->add_option("--quant", args->quant, "Weight format of the synthetic model")
       ->check(CLI::IsMember(synth_quants()));
-  cmd->add_option("--seed", args->seed, "Random seed of weights and prompts");
-  cmd->add_option("--contexts", args->contexts, "Context sizes, e.g. 2k,32k");
-  cmd->add_option("-n,--tokens", args->tokens, "Decode tokens per cell")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--runs", args->runs, "Runs per context")->check(CLI::Range(1, 100));
-  cmd->add_option("--verify-rows", args->verify_rows, "Rows of the timed verify step")
+  cmd->add_option("--seed", args->seed, "Random seed of weights and prompts (--synth)");
+  auto* contexts = cmd->add_option("--contexts", args->contexts, "Context sizes, e.g. 2k,32k (--model: 2k)");
+  auto* tokens =
+      cmd->add_option("-n,--tokens", args->tokens, "Decode tokens per cell (--synth 128, --model 512)")
+          ->check(CLI::Range(1, 1 << 20));
+  auto* runs = cmd->add_option("--runs", args->runs, "Runs per cell (--synth 1; --model 3, one prompt each)")
+                   ->check(CLI::Range(1, 100));
+  cmd->add_option("--verify-rows", args->verify_rows, "Rows of the timed verify step (--synth)")
       ->check(CLI::Range(2, 8));
-  cmd->add_option("--verify-iters", args->verify_iters, "Timed verify steps per width")
+  cmd->add_option("--verify-iters", args->verify_iters, "Timed verify steps per width (--synth)")
       ->check(CLI::Range(1, 10000));
-  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step")
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--profile-steps", args->profile_steps, "Eager one-row steps timed op by op (CUDA)")
+  auto* chunk =
+      cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step (prefill kernels)")
+          ->check(CLI::Range(1, 16384))
+          ->capture_default_str();
+  cmd->add_option("--profile-steps", args->profile_steps,
+                  "Eager one-row steps timed op by op (CUDA, --synth)")
       ->check(CLI::Range(0, 64));
+  cmd->add_option("--fill", args->fill,
+                  "How a cell's context is filled: real (prefill), synthetic (random KV and GDN state), auto "
+                  "(synthetic above 64K tokens)")
+      ->check(CLI::IsMember({"real", "synthetic", "auto"}));
   cmd->add_option("--copy-mib", args->copy_mib, "Buffer size of the bandwidth measurement")
       ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--backend", args->backend, "cuda or cpu");
+  auto* backend = cmd->add_option("--backend", args->backend, "cuda or cpu (--model: also auto, the default)")
+                      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--json", args->json_out, "Write the full record as JSON to this file");
   cmd->add_option("--commit", args->commit, "Commit hash recorded in the JSON");
   cmd->add_option("--note", args->note, "Free text recorded in the JSON (e.g. uncommitted changes)");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->add_option("--modes", args->modes,
+                  "--model: greedy, greedy-mtp, sample (generation_config's sampling), sample-mtp")
+      ->capture_default_str();
+  cmd->add_option("--mtp-draft", args->mtp_draft, "--model: draft length k of the MTP modes")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  cmd->add_option("--ctx-size", args->ctx_size,
+                  "--model: the session's context (0: the model's, or the largest that fits)");
+  cmd->add_option("--prompt-root", args->prompt_root,
+                  "--model: the repository whose source text makes the prompts")
+      ->capture_default_str();
+  cmd->add_option("--prompt-text", args->prompt_text,
+                  "--model: print prompt N (0..2) of the first context as text and exit (bench/api_bench.py "
+                  "sends it through the API)")
+      ->check(CLI::Range(0, 2));
+  cmd->add_flag("--read-weights", args->read_weights,
+                "--model: only read the weights through the GPU upload's reader, twice, and report GB/s and "
+                "peak memory");
+  cmd->callback([args, contexts, tokens, runs, chunk, backend] {
+    BenchArgs a = *args;
+    if (!a.model.empty()) {
+      if (contexts->count() == 0) a.contexts = "2k";
+      if (tokens->count() == 0) a.tokens = 512;
+      if (runs->count() == 0) a.runs = 3;
+      if (backend->count() == 0) a.backend = "auto";
+    } else if (a.backend == "auto") {
+      fail(make_error(ErrorCode::kInvalidArgument, "bench --synth takes --backend cuda or cpu"));
+    }
+    run_bench(a);
+  });
 }
 
 const bool registered = register_command(setup_bench);

@@ -41,7 +41,7 @@ struct GenerateArgs {
   std::string backend = "auto";
   int threads = 0;
   int ctx_size = 0;  // 0: from the model and the memory (ModelSession)
-  int prefill_chunk = 64;
+  int prefill_chunk = kDefaultPrefillChunk;
   std::string kv_dtype = "bf16";
   std::string logits_out;
   // Set when the flag was given (the rest come from generation_config.json).
@@ -116,6 +116,7 @@ Expected<DecodeRequest> make_request(const GenerateArgs& a, const ModelSession& 
   if (a.draft_temp_opt->count() > 0) r.draft_temperature = a.draft_temperature;
   if (!a.ignore_eos) r.stop_token_ids = s.defaults.eos_token_ids;
   r.keep_last_logits = !a.logits_out.empty();
+  r.timing = a.stats;
   r.num_draft = a.no_mtp || !s.generator->has_drafter() ? 0 : a.mtp_draft;
   if (a.accept == "greedy") r.rule = AcceptRule::kGreedy;
   if (a.accept == "token") r.rule = AcceptRule::kTokenwise;
@@ -301,7 +302,11 @@ void setup_generate(CLI::App& app) {
                   "fits in memory")
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
-  cmd->add_option("--prefill-chunk", a->prefill_chunk, "Rows per prefill step")->check(CLI::Range(1, 4096));
+  cmd->add_option("--prefill-chunk", a->prefill_chunk,
+                  "Prompt rows per prefill step (bounds the step workspaces; cancellation is checked between "
+                  "chunks)")
+      ->check(CLI::Range(1, kMaxPrefillChunk))
+      ->capture_default_str();
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache dtype")->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_option("--logits-out", a->logits_out, "Write the raw logits of the last token as float32");
   cmd->callback([a] { run_generate(*a); });

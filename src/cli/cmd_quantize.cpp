@@ -1,10 +1,10 @@
 // puredrive quantize: a float checkpoint -> an MLX affine checkpoint in mlx-lm's layout, MTP head kept.
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,6 +13,7 @@
 #include "cli/command.h"
 #include "puredrive/model/memory_plan.h"
 #include "puredrive/model/quantize.h"
+#include "puredrive/util/progress.h"
 
 namespace pd::cli {
 namespace {
@@ -50,29 +51,17 @@ void run_quantize(const QuantizeArgs& a) {
   o.recipe = *recipe;
   o.group_size = a.group_size;
   o.threads = a.threads;
-  // One progress line, rewritten in place on a terminal; in a log, a line per 5%.
-  const bool tty = isatty(fileno(stderr)) != 0;
-  size_t last_done = static_cast<size_t>(-1);
-  int last_bucket = -1;
+  // A bar on a terminal, a line per tenth in a log; the total is known at the first report.
+  std::optional<Progress> progress;
   if (!a.quiet) {
     o.progress = [&](const QuantizeProgress& p) {
-      if (p.jobs_done == last_done) return;
-      last_done = p.jobs_done;
-      const double pct = p.bytes_total > 0
-                             ? 100.0 * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total)
-                             : 100.0;
-      const int bucket = p.jobs_done == p.jobs_total ? 20 : static_cast<int>(pct / 5.0);
-      if (!tty && bucket == last_bucket) return;
-      last_bucket = bucket;
-      fmt::print(stderr, "{}quantize: {:5.1f}%  {}/{} modules and float tensors, {} of {}{}", tty ? "\r" : "",
-                 pct, p.jobs_done, p.jobs_total, format_bytes(static_cast<double>(p.bytes_done)),
-                 format_bytes(static_cast<double>(p.bytes_total)), tty ? "" : "\n");
-      std::fflush(stderr);
+      if (!progress) progress.emplace("quantize", p.bytes_total);
+      progress->update(p.bytes_done);
     };
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto sum = quantize_checkpoint(o);
-  if (!a.quiet && tty) fmt::print(stderr, "\n");
+  if (progress) progress->finish();
   if (!sum) fail(sum.status());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const auto& n : sum->notices) fmt::print(stderr, "note: {}\n", n);

@@ -41,6 +41,7 @@ struct ServeArgs {
   std::string model_alias;
   int ctx_size = 0;  // 0: from the model and the memory (ModelSession)
   int mtp_draft = 2;
+  int prefill_chunk = kDefaultPrefillChunk;
   int max_queue = 32;
   std::string backend = "auto";
   int threads = 0;
@@ -102,6 +103,7 @@ Served load_model(const ServeArgs& a) {
                                        .threads = a.threads,
                                        .ctx_size = a.ctx_size,
                                        .kv_dtype = DType::kBF16,
+                                       .prefill_chunk = a.prefill_chunk,
                                        .max_draft = std::max(a.mtp_draft, 1),
                                        .mtp = a.mtp_draft > 0}));
   ModelSession& m = *s.session;
@@ -281,6 +283,12 @@ void setup_serve(CLI::App& app) {
                   "the largest that fits in memory")
       ->capture_default_str();
   cmd->add_option("--mtp-draft", args->mtp_draft, "MTP draft length k (0: no speculation)")
+      ->capture_default_str();
+  cmd->add_option(
+         "--prefill-chunk", args->prefill_chunk,
+         "Prompt rows per prefill step (bounds the step workspaces; a cancelled request stops between "
+         "chunks)")
+      ->check(CLI::Range(1, kMaxPrefillChunk))
       ->capture_default_str();
   cmd->add_option("--max-queue", args->max_queue, "Requests that may wait for the engine; more get 503")
       ->capture_default_str();

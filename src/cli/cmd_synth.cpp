@@ -1,6 +1,10 @@
 // puredrive synth: builds a model with random weights and the real shapes of an architecture directly on the
 // backend (on CUDA the weights are generated in device memory; no file is written), then runs a short greedy
-// decode to show that the model runs and its activations stay finite.
+// decode to show that the model runs and its activations stay finite. With --write DIR it writes the same
+// weights as a checkpoint laid out like the published one instead (synth_checkpoint.h).
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -12,9 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/synth_checkpoint.h"
 #include "cli/synth_model.h"
 #include "puredrive/backend/backend.h"
 #include "puredrive/model/model.h"
+#include "puredrive/util/progress.h"
 
 namespace pd::cli {
 namespace {
@@ -28,6 +34,12 @@ struct SynthArgs {
   int tokens = 8;
   int prompt = 16;
   bool json = false;
+  int layers = 0;
+  std::string write;
+  std::string tokenizer;
+  std::string chat_template;
+  double max_shard_mb = 5 * 1024;
+  bool quiet = false;
 };
 
 [[noreturn]] void fail(const Status& s) {
@@ -35,14 +47,49 @@ struct SynthArgs {
   throw CLI::RuntimeError(1);
 }
 
+void run_write(const SynthArgs& a) {
+  Expected<std::unique_ptr<SynthModel>> sm = make_synth_model(a.arch, a.quant, a.seed, false, a.layers);
+  if (!sm) fail(sm.status());
+  Expected<SynthWriteSummary> sum =
+      write_synth_checkpoint(**sm, {.dir = a.write,
+                                    .tokenizer_dir = a.tokenizer,
+                                    .chat_template = a.chat_template,
+                                    .threads = a.threads,
+                                    .max_shard_bytes = static_cast<uint64_t>(a.max_shard_mb * 1048576.0),
+                                    .progress = !a.quiet});
+  if (!sum) fail(sum.status());
+  for (const auto& n : sum->notices) fmt::print(stderr, "note: {}\n", n);
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  const double rss = static_cast<double>(u.ru_maxrss) * 1024.0;  // Linux reports KiB
+  if (a.json) {
+    const nlohmann::json j = {{"arch", a.arch},          {"quant", a.quant},      {"seed", a.seed},
+                              {"dir", a.write},          {"layout", sum->layout}, {"files", sum->files},
+                              {"tensors", sum->tensors}, {"bytes", sum->bytes},   {"seconds", sum->seconds},
+                              {"peak_rss_bytes", rss}};
+    fmt::print("{}\n", j.dump());
+    return;
+  }
+  fmt::print(
+      "synthetic {} ({}, seed {}) written to {} in the {} layout: {} tensors, {} in {} file(s), {:.1f} s "
+      "({}/s), peak resident memory {}\n",
+      a.arch, a.quant, a.seed, a.write, sum->layout == "hf" ? "Hugging Face" : "mlx-lm", sum->tensors,
+      format_gb(static_cast<double>(sum->bytes)), sum->files.size(), sum->seconds,
+      format_gb(static_cast<double>(sum->bytes) / std::max(sum->seconds, 1e-9)), format_gb(rss));
+}
+
 void run_synth(const SynthArgs& a) {
+  if (!a.write.empty()) return run_write(a);
+  if (!a.tokenizer.empty() || !a.chat_template.empty()) {
+    fail(make_error(ErrorCode::kInvalidArgument, "--tokenizer and --chat-template go with --write DIR"));
+  }
   using Clock = std::chrono::steady_clock;
   Expected<std::unique_ptr<Backend>> backend = create_backend({.name = a.backend, .threads = a.threads});
   if (!backend) fail(backend.status());
   Backend& be = **backend;
   const auto t0 = Clock::now();
   Expected<std::unique_ptr<SynthModel>> sm =
-      make_synth_model(a.arch, a.quant, a.seed, be.device() == Device::kCpu);
+      make_synth_model(a.arch, a.quant, a.seed, be.device() == Device::kCpu, a.layers);
   if (!sm) fail(sm.status());
   Expected<std::unique_ptr<Model>> model = create_model((*sm)->config, (*sm)->weights, be, {.max_rows = 8});
   if (!model) fail(model.status());
@@ -62,8 +109,8 @@ void run_synth(const SynthArgs& a) {
     const size_t n = std::min<size_t>(8, prompt.size() - begin);
     std::vector<int32_t> pos(n);
     for (size_t i = 0; i < n; ++i) pos[i] = st->length() + static_cast<int32_t>(i);
-    Expected<StepOutput> o =
-        m.forward(*st, std::span(prompt).subspan(begin, n), pos, {.logits = LogitRows::kLast, .tap = {}});
+    Expected<StepOutput> o = m.forward(*st, std::span(prompt).subspan(begin, n), pos,
+                                       {.logits = LogitRows::kLast, .tap = {}, .prefill = true});
     if (!o) fail(o.status());
     logits = o->logits;
   }
@@ -96,6 +143,7 @@ void run_synth(const SynthArgs& a) {
                               {"weight_bytes", (*sm)->weight_bytes},
                               {"bound_bytes", be.bound_bytes()},
                               {"build_seconds", build_s},
+                              {"prompt", prompt},
                               {"tokens", out},
                               {"logits_finite", finite},
                               {"decode_seconds", decode_s}};
@@ -117,11 +165,28 @@ void setup_synth(CLI::App& app) {
   cmd->add_option("--arch", args->arch, "Architecture")->check(CLI::IsMember(synth_archs()));
   cmd->add_option("--quant", args->quant, "Weight format")->check(CLI::IsMember(synth_quants()));
   cmd->add_option("--seed", args->seed, "Random seed");
+  cmd->add_option("--layers", args->layers, "Keep only the first N decoder layers (0: all)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_option("--backend", args->backend, "cuda or cpu (cpu: only small architectures fit)");
-  cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--threads", args->threads, "CPU threads, also of --write (0: all cores)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_option("-n,--tokens", args->tokens, "Greedy tokens to decode")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--prompt", args->prompt, "Random prompt tokens")->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--json", args->json, "Print the result as JSON");
+  cmd->add_option(
+      "--write", args->write,
+      "Write the weights as a checkpoint laid out like the published one to this directory (bf16: "
+      "Hugging Face layout; q8/q6/q4/oq6e: mlx-lm layout) instead of running them");
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "With --write: copy tokenizer.json and tokenizer_config.json from this directory (e.g. "
+                  "build/default/test-data/qwen3)");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "With --write: a Jinja chat template written as chat_template.jinja (e.g. "
+                  "tests/data/templates/Qwen3.5-4B.jinja)");
+  cmd->add_option("--max-shard-mb", args->max_shard_mb, "With --write: the largest shard in MiB")
+      ->check(CLI::Range(0.01, 1048576.0))
+      ->capture_default_str();
+  cmd->add_flag("-q,--quiet", args->quiet, "With --write: no progress line");
   cmd->callback([args] { run_synth(*args); });
 }
 

@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "puredrive/model/model_config.h"
 #include "puredrive/model/model_weights.h"
+#include "puredrive/model/quantize.h"
 #include "puredrive/util/status.h"
 
 namespace pd::cli {
@@ -30,10 +32,21 @@ struct StepBytes {
   }
 };
 
+// The vision tower of the published checkpoint (qwen3_5_moe), written by `synth --write` and skipped by the
+// loader.
+struct VisionShape {
+  int depth = 0, hidden = 0, intermediate = 0, heads = 0, patch = 0, temporal_patch = 0, merge = 0,
+      positions = 0;
+};
+
 struct SynthModel {
   std::string arch, quant;
   uint64_t seed = 0;
-  ModelConfig config;
+  std::optional<QuantRecipe> recipe;  // unset: bf16
+  int group_size = 0;                 // the recipe's global group size
+  ModelConfig config;                 // the text model (qwen3_5_moe_text)
+  std::string published_config;       // config.json as the published checkpoint has it (nested, with vision)
+  VisionShape vision;
   ModelWeights weights;
   int64_t weight_bytes = 0;  // all matrices as stored
   StepBytes step_bytes;
@@ -45,14 +58,17 @@ struct SynthModel {
   SynthModel& operator=(const SynthModel&) = delete;
 };
 
-// Architectures: "qwen3.5-35b-a3b" (spec §1.2) and "tiny" (the same architecture at fixture size).
-// Quantisations: bf16, q8 (MLX affine 8-bit, group 64), q6 (6-bit, routers 8-bit), q4 (4-bit, routers 8-bit).
+// Architectures: "qwen3.5-35b-a3b" (spec §1.2), "tiny" (the same architecture at fixture size) and
+// "tiny-wide-vocab" (tiny with a 151,936-token vocabulary, for a real tokenizer). Quantisations: bf16, or a
+// `puredrive quantize` recipe (model/quantize.h) applied with its own rules: q8, q6, q4 (group 64 for the
+// 35B, 32 for tiny; routers 8-bit group 64), oq6e (routed experts 6-bit, the rest 8-bit, group 64).
 const std::vector<std::string>& synth_archs();
 const std::vector<std::string>& synth_quants();
 
-// materialize: generate host copies (CPU backend) instead of device-generated sources.
+// materialize: generate host copies (CPU backend) instead of device-generated sources. layers > 0 keeps only
+// the first `layers` decoder layers (the real widths in a checkpoint a few GB large).
 Expected<std::unique_ptr<SynthModel>> make_synth_model(const std::string& arch, const std::string& quant,
-                                                       uint64_t seed, bool materialize);
+                                                       uint64_t seed, bool materialize, int layers = 0);
 
 // Token ids for prefill: seeded, uniform over the vocabulary.
 std::vector<int32_t> synth_tokens(uint64_t seed, int vocab, int count);

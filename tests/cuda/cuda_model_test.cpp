@@ -3,7 +3,8 @@
 // continuations identical on float32 fixtures. Row-exactness on the GPU (every row of R = 2..8 steps equals
 // the one-row step bitwise: logits, hidden, KV, GDN state, also after rewinding to a snapshot), MTP rows,
 // recorded steps (CUDA graphs) equal eager steps, repeated runs bitwise identical; prefill steps wider than
-// kMaxRows (tiled kernels) within tolerance of one-row steps. Skipped without a GPU.
+// kMaxRows (tensor-core kernels, chunked GDN prefill) within tolerance of one-row steps, and a prompt
+// prefilled in pieces bitwise equal to one piece. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
+#include "exactness/chunked_prefill.h"
 #include "golden/fixture_util.h"
 #include "puredrive/backend/cuda/cuda_backend.h"
 
@@ -90,11 +92,11 @@ SequenceState new_state(Model& m, int ctx, DType kv, int max_rows = 8) {
 
 // A forward step, optionally recorded as one backend step (CUDA graph).
 StepOutput step(Model& m, SequenceState& st, std::span<const int32_t> tokens, bool record,
-                LogitRows rows = LogitRows::kAll) {
+                LogitRows rows = LogitRows::kAll, bool prefill = false) {
   Backend& be = m.backend();
   if (record) PD_ASSERT(be.begin_step().is_ok());
   Expected<StepOutput> o = m.forward(st, tokens, iota_from(st.length(), static_cast<int>(tokens.size())),
-                                     {.logits = rows, .tap = {}});
+                                     {.logits = rows, .tap = {}, .prefill = prefill});
   if (record) PD_ASSERT(be.end_step().is_ok());
   PD_ASSERT(o.has_value(), "{}", o.status().to_string());
   return *o;
@@ -255,9 +257,10 @@ TEST_P(CudaFixture, RowExactWithRollback) {
   }
 }
 
-// Prefill steps wider than kMaxRows use the tiled kernels (docs/DESIGN.md §4.1: prefill may use other
-// kernels): not bitwise, but within tolerance of one-row decode steps, with the same argmax wherever the
-// one-row logits have a clear winner, and the same greedy continuation on float32 fixtures.
+// Prefill steps wider than kMaxRows use the tensor-core kernels, and prefill steps the chunked GDN kernels
+// (docs/DESIGN.md §4.1: prefill may use other kernels): not bitwise, but within tolerance of one-row decode
+// steps, with the same argmax wherever the one-row logits have a clear winner, and the same greedy
+// continuation on float32 fixtures.
 TEST_P(CudaFixture, WidePrefillMatchesOneRowSteps) {
   std::string skip;
   std::unique_ptr<Pair> p = open_pair(GetParam(), 80, &skip);
@@ -265,10 +268,11 @@ TEST_P(CudaFixture, WidePrefillMatchesOneRowSteps) {
   Model& m = *p->gpu_model;
   Backend& be = *p->gpu;
   const int V = p->config().vocab_size;
-  const int n = 72;  // two row tiles, the second partial
+  const int n = 72;  // two row tiles and two GDN chunks, the second partial
   const std::vector<int32_t> tokens = random_tokens(V, n, 5);
   SequenceState wide = new_state(m, 128, DType::kF32, 80), narrow = new_state(m, 128, DType::kF32);
-  const std::vector<float> lw = download<float>(be, step(m, wide, tokens, false).logits);
+  const std::vector<float> lw =
+      download<float>(be, step(m, wide, tokens, false, LogitRows::kAll, /*prefill=*/true).logits);
   std::vector<float> ln;
   for (int i = 0; i < n; ++i) {
     const std::vector<float> l = download<float>(
@@ -308,6 +312,36 @@ TEST_P(CudaFixture, WidePrefillMatchesOneRowSteps) {
   std::printf("%s: wide prefill (R=%d) vs one-row steps: max rel err %.3g, argmax checked on %d rows, %s\n",
               p->name.c_str(), n, err, checked,
               gw == gn ? "greedy continuation identical" : "greedy differs");
+}
+
+// Chunking invariance on the GPU (docs/DESIGN.md §4.6), the splits of the CPU test
+// (tests/exactness/chunk_invariance_test.cpp) on the prefill kernels: bitwise equal KV, GDN states and
+// logits; the whole prompt also within tolerance of the CPU. Relies on every op of a prefill step computing
+// a row independently of the rows around it (attention and GDN run row by row today; a chunked GDN must
+// align its chunks to absolute positions).
+TEST_P(CudaFixture, PrefillPiecesGiveTheSameBits) {
+  constexpr int kTokens = 330;
+  std::string skip;
+  std::unique_ptr<Pair> p = open_pair(GetParam(), kTokens, &skip);
+  if (p == nullptr) GTEST_SKIP() << "no CUDA device: " << skip;
+  const std::vector<int32_t> tokens = random_tokens(p->config().vocab_size, kTokens, 13);
+  const std::vector<std::vector<int>> splits = test::chunk_splits(kTokens);
+  const test::PrefillResult whole = test::chunked_prefill(*p->gpu_model, tokens, splits[0], DType::kBF16);
+  for (size_t i = 1; i < splits.size(); ++i) {
+    SCOPED_TRACE(fmt::format("{} pieces", splits[i].size()));
+    const test::PrefillResult pieces = test::chunked_prefill(*p->gpu_model, tokens, splits[i], DType::kBF16);
+    EXPECT_TRUE(pieces.logits == whole.logits) << "last-row logits";
+    ASSERT_EQ(pieces.state.size(), whole.state.size());
+    for (size_t t = 0; t < whole.state.size(); ++t) {
+      EXPECT_TRUE(pieces.state[t] == whole.state[t])
+          << "state tensor " << t << " (per layer: K, V or conv, recurrent)";
+    }
+  }
+  const test::PrefillResult cpu = test::chunked_prefill(*p->cpu_model, tokens, splits[0], DType::kBF16);
+  const double err = rel_err(whole.logits, cpu.logits);
+  EXPECT_LE(err, p->tolerance()) << "prefill logits vs CPU";
+  std::printf("%s: %d-token prefill in 1/2/5 pieces; logits vs CPU: max rel err %.3g\n", p->name.c_str(),
+              kTokens, err);
 }
 
 TEST_P(CudaFixture, MtpRowsEqualOneRowPasses) {

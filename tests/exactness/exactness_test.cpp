@@ -4,7 +4,8 @@
 // - after an R-row step, rewinding to row j (GDN snapshot + KV truncation) and continuing equals a run that
 //   stopped at row j;
 // - the MTP head's R-row pass equals its one-row passes;
-// - 1, 2 and 4 threads give the same bits.
+// - 1, 2 and 4 threads give the same bits;
+// - prefill pieces split at multiples of 64 positions give the bits of one piece.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -217,6 +218,51 @@ TEST_P(Exactness, ThreadCountDoesNotChangeBits) {
     }
     if (first.empty()) first = logits;
     EXPECT_TRUE(same(first, logits.data(), logits.size())) << threads << " threads";
+  }
+}
+
+// Prefill chunking invariance (docs/DESIGN.md §4.6), CPU: a prompt prefilled in pieces split at multiples of
+// 64 positions, with GDN chunks aligned to absolute positions, leaves bitwise the KV cache and GDN states of
+// one piece and gives the same next-token logits; from position 0 and after 37 decode steps (a partial first
+// chunk), with pieces of any row count.
+TEST_P(Exactness, PrefillPiecesAtMultiplesOf64GiveTheSameBits) {
+  Expected<std::unique_ptr<Fixture>> fx_or = Fixture::open(GetParam(), 2, 200);
+  ASSERT_TRUE(fx_or.has_value()) << fx_or.status().to_string();
+  Fixture& fx = **fx_or;
+  const std::vector<int32_t> tokens = random_tokens(fx.config().vocab_size, 201, 9);
+  // Each entry is a prefill piece of that many rows, or (negative) that many one-row decode steps: 200
+  // tokens, then the last one as a decode step.
+  auto run = [&](const std::vector<int>& steps) {
+    SequenceState st = fx.new_state(256, DType::kBF16);
+    Snapshot s;
+    for (int rows : steps) {
+      const int n = rows < 0 ? 1 : rows;
+      for (int rep = 0; rep < (rows < 0 ? -rows : 1); ++rep) {
+        const int at = st.length();
+        Expected<StepOutput> o =
+            fx.model->forward(st, std::span(tokens).subspan(static_cast<size_t>(at), static_cast<size_t>(n)),
+                              iota_from(at, n), {.logits = LogitRows::kLast, .tap = {}, .prefill = rows > 0});
+        PD_ASSERT(o.has_value(), "{}", o.status().to_string());
+        s.logits = fx.download(o->logits);
+      }
+    }
+    PD_ASSERT(st.length() == 201);
+    capture_state(fx, st, &s);
+    return s;
+  };
+  const std::vector<std::vector<std::vector<int>>> groups = {
+      {{200, -1}, {128, 72, -1}, {64, 64, 64, 8, -1}},
+      {{-37, 163, -1}, {-37, 27, 136, -1}, {-37, 27, 64, 64, 8, -1}},
+  };
+  for (const auto& group : groups) {
+    const Snapshot one = run(group.front());
+    for (size_t i = 1; i < group.size(); ++i) {
+      const Snapshot other = run(group[i]);
+      const std::string where =
+          fmt::format("{} split {}", group.front().front() < 0 ? "after 37" : "from 0", i);
+      expect_same_state(other, one, where);
+      EXPECT_TRUE(same(other.logits, one.logits.data(), one.logits.size())) << where << ": logits";
+    }
   }
 }
 

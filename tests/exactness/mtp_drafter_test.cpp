@@ -48,26 +48,34 @@ TEST_P(MtpDrafterReference, ChainMatchesTheReference) {
                       .is_ok());
     }
     ASSERT_TRUE((*drafter)->can_draft(T));
-    SamplingParams params;  // temperature 1, no truncation: dists[j].logits are the raw draft logits
+    SamplingParams params;  // temperature 1, no truncation: the q rows are the raw draft logits
     params.temperature = 1.0f;
-    TokenHistory history(V);
+    Expected<std::unique_ptr<DeviceSampler>> sampler = DeviceSampler::create(fx.model->backend(), V);
+    ASSERT_TRUE(sampler.has_value()) << sampler.status().to_string();
+    ASSERT_TRUE((*sampler)->begin(params, params, prompt).is_ok());
     Rng rng(1);
     const DraftContext ctx{.sequence = sequence,
                            .prompt_length = T,
                            .num_draft = k,
                            .rule = AcceptRule::kGreedy,
-                           .params = &params,
-                           .history = &history,
+                           .sampler = sampler->get(),
                            .rng = &rng,
-                           .seed = 0};
+                           .seed = 0,
+                           .keep_logits = true};
     DraftBlock block;
     ASSERT_TRUE((*drafter)->draft(st, ctx, &block).is_ok());
     EXPECT_EQ(block.tokens, chain);
-    ASSERT_EQ(block.dists.size(), chain.size());
+    EXPECT_TRUE(block.on_device);
+    const Expected<Tensor> rows = (*sampler)->draft_rows(k);
+    ASSERT_TRUE(rows.has_value()) << rows.status().to_string();
+    std::vector<float> draft_logits(static_cast<size_t>(k) * static_cast<size_t>(V));
+    ASSERT_TRUE(fx.model->backend().download(draft_logits.data(), *rows).is_ok());
     for (int j = 0; j < k; ++j) {
       const std::vector<float> want(chain_logits.begin() + static_cast<ptrdiff_t>(j) * V,
                                     chain_logits.begin() + static_cast<ptrdiff_t>(j + 1) * V);
-      const double err = golden::rel_err(block.dists[static_cast<size_t>(j)].logits, want);
+      const std::vector<float> got(draft_logits.begin() + static_cast<ptrdiff_t>(j) * V,
+                                   draft_logits.begin() + static_cast<ptrdiff_t>(j + 1) * V);
+      const double err = golden::rel_err(got, want);
       EXPECT_LE(err, fx.tolerance) << "draft logits of chain step " << j + 1;
     }
   }

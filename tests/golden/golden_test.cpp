@@ -1,8 +1,8 @@
 // Golden tests: every fixture in tests/fixtures/ (a directory with reference.json) is loaded as a model and
 // run on the CPU backend; per-layer hidden states, final-norm hidden, logits, the 64-token greedy
 // continuation and the MTP head (prompt pass + chained drafts) are compared with transformers' outputs
-// (tests/fixtures/FORMAT.md). Also: the prompt processed in one step equals the prompt processed token by
-// token, bitwise.
+// (tests/fixtures/FORMAT.md); the same for the prompt as a prefill step (chunked GDN form). Also: the prompt
+// processed in one step equals the prompt processed token by token, bitwise.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -104,8 +104,25 @@ TEST_P(Golden, MatchesReference) {
       greedy.push_back(golden::argmax(fx.download(o->logits).data(), V));
     }
     EXPECT_EQ(greedy, greedy_ref);
-    std::printf("%s %s: max relative error %.3g (tolerance %.3g), %zu greedy tokens\n", fx.name.c_str(),
-                p.c_str(), worst, tol, greedy.size());
+
+    // The prompt as a prefill step (chunked GDN form, spec §5.7) against the same reference.
+    {
+      SequenceState sp = fx.new_state();
+      ForwardOptions popts = opts;
+      popts.prefill = true;
+      Expected<StepOutput> po = fx.model->forward(sp, ids, pos, popts);
+      ASSERT_TRUE(po.has_value()) << po.status().to_string();
+      for (size_t l = 0; l < layer_out.size(); ++l) {
+        check(golden::rel_err(pick(layer_out[l]), fx.ref_floats(fmt::format("{}.hidden.{}", p, l))),
+              fmt::format("prefill: layer {}", l));
+      }
+      const std::vector<float> pl = fx.download(po->logits);
+      check(golden::rel_err(pick(pl), fx.ref_floats(p + ".logits")), "prefill: logits");
+      EXPECT_EQ(golden::argmax(pl.data() + static_cast<size_t>(T - 1) * V, V), greedy_ref[0]) << "prefill";
+    }
+    std::printf(
+        "%s %s: max relative error %.3g (tolerance %.3g), %zu greedy tokens (and as a prefill step)\n",
+        fx.name.c_str(), p.c_str(), worst, tol, greedy.size());
 
     // Prefill in one step == token by token, bitwise (row-exact step). Runs last: forward() reuses the
     // workspace that out->hidden points into.

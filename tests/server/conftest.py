@@ -1,4 +1,5 @@
-"""Fixtures of the server suite: a real `puredrive serve` process on a free port and an OpenAI client.
+"""Fixtures of the server suite: a real `puredrive serve` process on a free port, an OpenAI client and an
+Anthropic client.
 
 PD_BIN is the binary to serve with (run_tests.sh sets it): puredrive_fake_serve for the fake engine,
 puredrive for a model. PD_SERVE_ARGS chooses what is served: by default the
@@ -19,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 
+import anthropic
 import openai
 import pytest
 
@@ -114,6 +116,12 @@ def client(server):
 @pytest.fixture(scope="session")
 def model(client):
     return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="session")
+def claude(server):
+    """The official anthropic client against the same server (its base URL has no /v1)."""
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -17,7 +17,7 @@ if ! "$here/setup.sh" "$venv" > "$venv.setup.log" 2>&1; then
 ################################################################################
 ##  SKIPPED: server Python suite. The virtual environment could not be made   ##
 ##  from tests/server/requirements.txt (no PyPI access?). See the log above.  ##
-##  The OpenAI-client tests DID NOT RUN.                                      ##
+##  The OpenAI- and Anthropic-client tests DID NOT RUN.                       ##
 ################################################################################
 BANNER
   exit 77

@@ -271,6 +271,19 @@ def test_reasoning_content(client, model):
     assert content == message.content
 
 
+def test_enable_thinking_reaches_the_template(client, model):
+    # Thinking control on the OpenAI endpoint: the template renders a different prompt, and with thinking off
+    # no reasoning is parsed.
+    kw = dict(max_tokens=24, temperature=0)
+    on = chat(client, model, extra_body={"chat_template_kwargs": {"enable_thinking": True}}, **kw)
+    off = chat(client, model, extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **kw)
+    assert on.usage.prompt_tokens != off.usage.prompt_tokens
+    assert not (off.choices[0].message.model_extra or {}).get("reasoning_content")
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, model, extra_body={"chat_template_kwargs": {"enable_thinking": "no"}}, **kw)
+    assert info.value.param == "chat_template_kwargs.enable_thinking"
+
+
 def test_content_parts_and_unicode(client, model):
     messages = [{"role": "system", "content": [{"type": "text", "text": "Réponds brièvement."}]},
                 {"role": "user", "content": [{"type": "text", "text": "héllo"}, {"type": "text", "text": "wörld ✓ 日本"}]}]

@@ -149,12 +149,18 @@ struct AddArgs {
   Tensor out;  // F32 [R, N]
 };
 
+// prefill (MatmulArgs, MatmulsArgs, MoeArgs): the op is part of a prompt's prefill. A backend may then run
+// its prefill kernels whatever R (docs/DESIGN.md §4.1), which keep the row contract among themselves: a
+// row's result does not depend on R or on the row's place in the step, so a prompt split into chunks at any
+// points gives the same bits (§4.6); they need not equal the decode kernels' bits.
+
 // out[r, n] (=|+=) sum_k x[r, k] * W[n, k], f32 accumulation in an order independent of R.
 struct MatmulArgs {
   MatrixId w;  // [N, K], any format
   Tensor x;    // F32 [R, K]
   Tensor out;  // F32 [R, N]
   Accum accum = Accum::kOverwrite;
+  bool prefill = false;
 };
 
 // Products of one input with several matrices (a mixer's input projections), which a backend may run as one
@@ -166,6 +172,7 @@ struct MatmulTarget {
 struct MatmulsArgs {
   Tensor x;  // F32 [R, K]
   std::span<const MatmulTarget> targets;
+  bool prefill = false;
 };
 
 struct AttentionDims {
@@ -201,6 +208,8 @@ struct GatedAttentionArgs {
   int32_t kv_length = 0;
   KvCache cache;
   Tensor out;  // F32 [R, Hq * D]
+  // A prefill piece: a backend may take its prefill kernels whatever R (chunking invariance, DESIGN §4.6).
+  bool prefill = false;
 };
 
 struct GdnDims {
@@ -230,6 +239,14 @@ struct GdnSnapshots {
 // g = -exp(A_log) * softplus(a + dt_bias), then per value head in fp32: S *= exp(g); S += k (beta (v - S^T
 // k))^T; o = S^T q; out = w * rmsnorm(o) * silu(z) per head. Updates state in place; when snapshots is not
 // empty the state after every row r is also written to snapshot row r.
+//
+// Decode and verify steps (prefill false) run that recurrence token by token, which keeps them row-exact.
+// Prefill steps (prefill true, no snapshots) run the chunked form of spec §5.7 over chunks of
+// kGdnPrefillChunk positions aligned to absolute positions (chunk boundaries where position % 64 == 0, the
+// first and last chunk of a step possibly partial): a prompt prefilled in pieces whose boundaries are
+// multiples of 64 leaves bitwise the same states and outputs as one piece (docs/DESIGN.md §4.6). The result
+// agrees with the recurrence within rounding, not bitwise.
+constexpr int kGdnPrefillChunk = 64;
 struct GatedDeltaNetArgs {
   GdnDims dims;
   Tensor qkv;        // F32 [R, C] in_proj_qkv output (pre-conv), q | k | v head-major
@@ -242,7 +259,9 @@ struct GatedDeltaNetArgs {
   VectorId norm;     // [Dv]
   GdnState state;
   GdnSnapshots snapshots;
-  Tensor out;  // F32 [R, Hv * Dv], input of out_proj
+  Tensor out;            // F32 [R, Hv * Dv], input of out_proj
+  bool prefill = false;  // the chunked form; requires empty snapshots
+  int32_t position = 0;  // absolute position of row 0 (places the chunk boundaries when prefill)
 };
 
 // The whole sparse MoE block (spec §6): fp32 softmax router, top-k (ties to the lower expert id),
@@ -256,12 +275,90 @@ struct MoeArgs {
   Tensor x;    // F32 [R, H], post_attention_layernorm output
   Tensor out;  // F32 [R, H]; must not alias x
   Accum accum = Accum::kOverwrite;
+  bool prefill = false;
 };
 
 // out[r] = the lowest index of the maximum of x[r] (NaN never wins).
 struct ArgmaxArgs {
   Tensor x;    // F32 [R, N]
   Tensor out;  // I32 [R, 1]
+};
+
+// ---- Sampling and speculative acceptance (docs/spec/speculative.md §2, §4) ----
+//
+// sample() turns logits rows into tokens on the device: it processes each row (logit bias, penalties,
+// temperature, min_p, top_k, top_p) and applies an acceptance rule, so that only a few ints leave the device.
+// The math is defined once, by the CPU backend's reference (backend/cpu/sampling.h), and every backend gives
+// the same bits for the same inputs.
+//
+// A call over R = k + 1 rows verifies the drafts d_1..d_k (drafts[prior .. prior + k)): row j is p_j, the
+// target's distribution after d_1..d_j; the rule returns a (0 <= a <= k) accepted drafts and one more token
+// y. With k = 0 it draws y from the one row: a plain decoding step, or a drafter drawing its next draft
+// (write_draft stores y at drafts[prior] on the device for the verify call to read).
+enum class SampleRule : int32_t { kGreedy = 0, kTokenwise = 1, kBlock = 2, kSeeded = 3 };
+
+// How a logits row is processed (the rest of decode/sampling_params.h: logit bias and history are tensors).
+struct SampleParams {
+  float temperature = 1.0f;  // 0: greedy
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+
+  bool greedy() const { return temperature == 0.0f; }
+  bool penalised() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
+  }
+};
+
+constexpr int kSampleMaxRows = 16;              // R <= 16: up to 15 drafts
+constexpr int kSampleMaxLogprobs = 20;          // OpenAI's top_logprobs limit
+constexpr int32_t kSampleMaxVocab = 1 << 20;    // the fixed-point sums of sampling_math.h
+constexpr int32_t kHistoryPromptBit = 1 << 30;  // history[t]: output count | this bit for prompt tokens
+constexpr int kSampleControlWords = 2 + kSampleMaxRows;
+// Control block words (I64): the seed of the seeded noise; the absolute position of the token that row 0
+// produces; then the uniforms of kTokenwise / kBlock as double bits: u[0..k) test the drafts, u[k] draws y.
+constexpr int kControlSeed = 0;
+constexpr int kControlPosition = 1;
+constexpr int kControlUniforms = 2;
+
+// The first word of the output, and what the second word then holds.
+enum class SampleStatus : int32_t {
+  kOk = 0,
+  kNonFinite = 1,        // a logit is NaN or +inf (row, token); rows count target rows, then draft rows
+  kAllMasked = 2,        // every logit of a row is -inf (row)
+  kDraftNotInDraft = 3,  // q_j(d_j) = 0: d_j was not drawn from q_j (j - 1)
+  kBadToken = 4,         // drafts[i] is outside the vocabulary (i, token)
+};
+// Output words (I32): [0] status, [1] and [2] its details, [3] a, [4 .. 4 + R) the tokens d_1..d_a, y (the
+// rest -1), then with logprobs = n >= 0, per row j <= a: the logprob of token j (float bits) and n
+// (id, logprob bits) pairs, most likely first, of the log_softmax of the raw logits row j. The first error
+// in the order bad drafts, rows (target rows first, NaN before all-masked), acceptance is reported.
+constexpr int kSampleOutStatus = 0;
+constexpr int kSampleOutAccepted = 3;
+constexpr int kSampleOutTokens = 4;
+constexpr int64_t sample_out_words(int rows, int logprobs) {
+  return kSampleOutTokens + rows + (logprobs >= 0 ? int64_t{rows} * (1 + 2 * logprobs) : 0);
+}
+
+struct SampleArgs {
+  SampleRule rule = SampleRule::kGreedy;
+  int32_t faulty = 0;   // deliberately wrong variants for tests (decode/acceptance.h testonly); 0: none
+  SampleParams target;  // processes logits
+  SampleParams draft;   // processes draft_logits
+  Tensor logits;        // F32 [R, V]
+  Tensor draft_logits;  // F32 [k, V]: q_1..q_k, the rows the drafts were drawn from (kTokenwise, kBlock)
+  Tensor drafts;        // I32 [1, >= prior + k]; may be empty when prior + k == 0 and !write_draft
+  int32_t prior = 0;    // drafts of this cycle before row 0: they count in every row's penalties
+  bool write_draft = false;
+  Tensor bias;            // F32 [1, V] logit bias, 0 = none; or empty
+  Tensor history;         // I32 [1, V] output counts | kHistoryPromptBit; needed when the params penalise
+  bool commit = false;    // add the emitted tokens to history (it then holds the next step's history)
+  Tensor control;         // I64 [1, kSampleControlWords]
+  int32_t logprobs = -1;  // -1: none; 0..kSampleMaxLogprobs
+  Tensor out;             // I32 [1, sample_out_words(R, logprobs)]
 };
 
 struct BackendOptions {
@@ -314,13 +411,16 @@ class Backend {
   virtual Status add(const AddArgs& args) = 0;
   virtual Status matmul(const MatmulArgs& args) = 0;
   virtual Status matmuls(const MatmulsArgs& args) {
-    for (const MatmulTarget& t : args.targets) PD_TRY(matmul({.w = t.w, .x = args.x, .out = t.out}));
+    for (const MatmulTarget& t : args.targets) {
+      PD_TRY(matmul({.w = t.w, .x = args.x, .out = t.out, .prefill = args.prefill}));
+    }
     return Status::ok();
   }
   virtual Status gated_attention(const GatedAttentionArgs& args) = 0;
   virtual Status gated_delta_net(const GatedDeltaNetArgs& args) = 0;
   virtual Status moe(const MoeArgs& args) = 0;
   virtual Status argmax(const ArgmaxArgs& args) = 0;
+  virtual Status sample(const SampleArgs& args) = 0;
 };
 
 // Creates the backend named in options ("cpu", or "cuda" when built with CUDA; "auto": CUDA when built with

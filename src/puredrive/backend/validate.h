@@ -120,4 +120,121 @@ inline Status validate_moe(const MoeWeights& w, const MoeSpec& spec, Status (*va
   return check_matrix_shape("bind_moe", w.shared_expert_gate, 1, hidden);
 }
 
+// gated_delta_net's arguments (backend.h GatedDeltaNetArgs): dims, every tensor's shape in `device` memory,
+// contiguous states, snapshots wide enough for the step, and a prefill step without snapshots.
+inline Status validate_gated_delta_net(Device device, const GatedDeltaNetArgs& a) {
+  const char* op = "gated_delta_net";
+  const GdnDims& d = a.dims;
+  if (d.num_k_heads <= 0 || d.num_v_heads <= 0 || d.num_v_heads % d.num_k_heads != 0 || d.k_head_dim <= 0 ||
+      d.v_head_dim <= 0 || d.conv_kernel < 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: bad dims (k heads {}, v heads {}, k dim {}, v dim {}, kernel {})", op,
+                      d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel);
+  }
+  const int64_t rows = a.qkv.rows;
+  const int64_t value_dim = int64_t{d.num_v_heads} * d.v_head_dim;
+  const int64_t channels = 2 * int64_t{d.num_k_heads} * d.k_head_dim + value_dim;
+  const int64_t state_size = value_dim * d.k_head_dim;
+  PD_TRY(check_tensor_on(device, op, "qkv", a.qkv, DType::kF32, -1, channels));
+  PD_TRY(check_tensor_on(device, op, "z", a.z, DType::kF32, rows, value_dim));
+  PD_TRY(check_tensor_on(device, op, "b", a.b, DType::kF32, rows, d.num_v_heads));
+  PD_TRY(check_tensor_on(device, op, "a", a.a, DType::kF32, rows, d.num_v_heads));
+  PD_TRY(check_tensor_on(device, op, "out", a.out, DType::kF32, rows, value_dim));
+  PD_TRY(check_tensor_on(device, op, "state.conv", a.state.conv, DType::kF32, d.conv_kernel - 1, channels));
+  PD_TRY(check_tensor_on(device, op, "state.recurrent", a.state.recurrent, DType::kF32, d.num_v_heads,
+                         int64_t{d.k_head_dim} * d.v_head_dim));
+  if (!a.state.conv.contiguous() || !a.state.recurrent.contiguous()) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: state tensors must be contiguous", op);
+  }
+  if (a.prefill && !a.snapshots.empty()) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: a prefill step keeps no per-row snapshots (they need the recurrence)", op);
+  }
+  if (a.position < 0) return make_error(ErrorCode::kInvalidArgument, "{}: position {} < 0", op, a.position);
+  if (!a.snapshots.empty()) {
+    PD_TRY(check_tensor_on(device, op, "snapshots.conv", a.snapshots.conv, DType::kF32, -1,
+                           (d.conv_kernel - 1) * channels));
+    PD_TRY(check_tensor_on(device, op, "snapshots.recurrent", a.snapshots.recurrent, DType::kF32,
+                           a.snapshots.conv.rows, state_size));
+    if (a.snapshots.conv.rows < rows) {
+      return make_error(ErrorCode::kInvalidArgument, "{}: {} snapshot rows for a step of {} rows", op,
+                        a.snapshots.conv.rows, rows);
+    }
+  }
+  return Status::ok();
+}
+
+inline Status check_sample_params(const char* which, const SampleParams& p) {
+  const bool ok = p.temperature >= 0.0f && p.temperature < 1e30f && p.top_k >= 0 && p.top_p > 0.0f &&
+                  p.top_p <= 1.0f && p.min_p >= 0.0f && p.min_p <= 1.0f && p.repetition_penalty > 0.0f &&
+                  p.repetition_penalty < 1e30f && p.presence_penalty > -1e30f && p.presence_penalty < 1e30f &&
+                  p.frequency_penalty > -1e30f && p.frequency_penalty < 1e30f;
+  if (ok) return Status::ok();
+  return make_error(
+      ErrorCode::kInvalidArgument,
+      "sample: {} params out of range (temperature {}, top_k {}, top_p {}, min_p {}, repetition "
+      "{}, presence {}, frequency {})",
+      which, p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
+      p.frequency_penalty);
+}
+
+// The sample op's arguments (backend.h SampleArgs), in the memory of `device`.
+inline Status validate_sample(const SampleArgs& a, Device device) {
+  const char* op = "sample";
+  PD_TRY(check_tensor_on(device, op, "logits", a.logits, DType::kF32, -1, -1));
+  const int64_t rows = a.logits.rows;
+  const int64_t vocab = a.logits.cols;
+  if (rows < 1 || rows > kSampleMaxRows || vocab < 1 || vocab > kSampleMaxVocab) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "sample: logits is [{}, {}]; rows must be in 1..{} and the vocabulary in 1..{}", rows,
+                      vocab, kSampleMaxRows, kSampleMaxVocab);
+  }
+  const int64_t k = rows - 1;
+  const int rule = static_cast<int>(a.rule);
+  if (rule < 0 || rule > 3) return make_error(ErrorCode::kInvalidArgument, "sample: unknown rule {}", rule);
+  const bool needs_q = a.rule == SampleRule::kTokenwise || a.rule == SampleRule::kBlock;
+  const bool faulty_ok = a.faulty == 0 ||
+                         ((a.faulty == 1 || a.faulty == 2) && a.rule == SampleRule::kBlock) ||
+                         (a.faulty == 3 && a.rule == SampleRule::kTokenwise);
+  if (!faulty_ok) {
+    return make_error(ErrorCode::kInvalidArgument, "sample: faulty variant {} does not fit rule {}", a.faulty,
+                      rule);
+  }
+  PD_TRY(check_sample_params("target", a.target));
+  if (needs_q && k > 0) {
+    PD_TRY(check_sample_params("draft", a.draft));
+    PD_TRY(check_tensor_on(device, op, "draft_logits", a.draft_logits, DType::kF32, k, vocab));
+    if (a.prior != 0) {
+      return make_error(ErrorCode::kInvalidArgument, "sample: verifying with draft rows needs prior = 0");
+    }
+  }
+  if (a.prior < 0 || a.prior + k >= kSampleMaxRows) {
+    return make_error(ErrorCode::kInvalidArgument, "sample: prior {} with {} drafts exceeds {}", a.prior, k,
+                      kSampleMaxRows - 1);
+  }
+  if (a.write_draft && k != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "sample: write_draft needs a single row, got {}", rows);
+  }
+  const int64_t draft_words = a.prior + k + (a.write_draft ? 1 : 0);
+  if (draft_words > 0) {
+    PD_TRY(check_tensor_on(device, op, "drafts", a.drafts, DType::kI32, 1, -1));
+    if (a.drafts.cols < draft_words) {
+      return make_error(ErrorCode::kInvalidArgument, "sample: drafts has {} entries, {} needed",
+                        a.drafts.cols, draft_words);
+    }
+  }
+  if (!a.bias.empty()) PD_TRY(check_tensor_on(device, op, "bias", a.bias, DType::kF32, 1, vocab));
+  const bool penalised = a.target.penalised() || (needs_q && k > 0 && a.draft.penalised());
+  if (penalised || a.commit || !a.history.empty()) {
+    PD_TRY(check_tensor_on(device, op, "history", a.history, DType::kI32, 1, vocab));
+  }
+  PD_TRY(check_tensor_on(device, op, "control", a.control, DType::kI64, 1, kSampleControlWords));
+  if (a.logprobs < -1 || a.logprobs > kSampleMaxLogprobs) {
+    return make_error(ErrorCode::kInvalidArgument, "sample: logprobs {} outside -1..{}", a.logprobs,
+                      kSampleMaxLogprobs);
+  }
+  return check_tensor_on(device, op, "out", a.out, DType::kI32, 1,
+                         sample_out_words(static_cast<int>(rows), a.logprobs));
+}
+
 }  // namespace pd

@@ -150,6 +150,17 @@ void OutputParser::process(bool final, std::vector<ParseEvent>& out) {
       }
       case State::kReasoning: {
         const size_t close = buf_.find(kThinkClose);
+        // Models sometimes call a tool before closing their reasoning (and never close it): the call is
+        // still a call, and the reasoning resumes after it.
+        const size_t call = options_.parse_tool_calls ? buf_.find(kToolOpen) : std::string::npos;
+        if (call != std::string::npos && (close == std::string::npos || call < close)) {
+          emit_reasoning(std::string_view(buf_).substr(0, call), out);
+          buf_.erase(0, call + kToolOpen.size());
+          scanned_ = 0;
+          call_in_reasoning_ = true;
+          state_ = State::kToolCall;
+          continue;
+        }
         if (close != std::string::npos) {
           emit_reasoning(std::string_view(buf_).substr(0, close), out);
           held_newlines_.clear();
@@ -158,7 +169,11 @@ void OutputParser::process(bool final, std::vector<ParseEvent>& out) {
           content_at_start_ = true;
           continue;
         }
-        const size_t hold = final ? 0 : partial_marker_suffix(buf_, kThinkClose);
+        size_t hold = 0;
+        if (!final) {
+          hold = partial_marker_suffix(buf_, kThinkClose);
+          if (options_.parse_tool_calls) hold = std::max(hold, partial_marker_suffix(buf_, kToolOpen));
+        }
         emit_reasoning(std::string_view(buf_).substr(0, buf_.size() - hold), out);
         buf_.erase(0, buf_.size() - hold);
         return;
@@ -181,22 +196,38 @@ void OutputParser::process(bool final, std::vector<ParseEvent>& out) {
       case State::kToolCall: {
         // Resume the search where the last delta left off (long tool calls arrive token by token).
         const size_t close = buf_.find(kToolClose, scanned_);
+        const bool in_reasoning = call_in_reasoning_;
         if (close == std::string::npos) {
           scanned_ = buf_.size() >= kToolClose.size() ? buf_.size() - kToolClose.size() + 1 : 0;
           if (!final) return;
-          // Unterminated: the model's text, verbatim.
+          // Unterminated: the model's text, verbatim, where it was written.
           std::string raw = std::string(kToolOpen) + buf_;
           buf_.clear();
-          state_ = State::kContent;
-          content_at_start_ = false;
-          emit_content(raw, out);
+          call_in_reasoning_ = false;
+          if (in_reasoning) {
+            state_ = State::kReasoning;
+            emit_reasoning(raw, out);
+          } else {
+            state_ = State::kContent;
+            content_at_start_ = false;
+            emit_content(raw, out);
+          }
           return;
         }
         const std::string body = buf_.substr(0, close);
         buf_.erase(0, close + kToolClose.size());
         scanned_ = 0;
+        call_in_reasoning_ = false;
+        const bool parsed = finish_tool_call(body, out);
+        if (in_reasoning) {
+          // The newlines around the call stay held: they separate the reasoning before it from the
+          // reasoning after it, and are dropped if none follows.
+          state_ = State::kReasoning;
+          if (!parsed) emit_reasoning(std::string(kToolOpen) + body + std::string(kToolClose), out);
+          continue;
+        }
         state_ = State::kContent;
-        if (finish_tool_call(body, out)) {
+        if (parsed) {
           held_space_.clear();  // whitespace before the call only separated it from the content
           content_at_start_ = true;
         } else {

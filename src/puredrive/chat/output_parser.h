@@ -4,7 +4,9 @@
 //   "<think>\n"
 //                                   to the generation prompt), then the output starts inside reasoning
 //   <tool_call> ... </tool_call>    a tool call, XML (<function=NAME><parameter=ARG>...) or JSON
-//                                   ({"name": ..., "arguments": ...}) inside; see tool_call_format.h
+//                                   ({"name": ..., "arguments": ...}) inside; see tool_call_format.h.
+//                                   A call written inside the reasoning is a call too (models do that, and
+//                                   often never close the reasoning); the reasoning resumes after it
 //
 // feed() takes text deltas as the detokenizer produces them; markup may be split at any byte. Text that only
 // might be the start of markup is held back until the next delta decides it. A tool call is reported once
@@ -77,6 +79,7 @@ class OutputParser {
   std::string held_space_;          // trailing whitespace of content, dropped if a tool call follows
   bool reasoning_at_start_ = true;  // drop newlines right after <think>
   bool content_at_start_ = true;    // drop newlines right after </think> and whitespace after a tool call
+  bool call_in_reasoning_ = false;  // kToolCall: the call opened inside the reasoning, which resumes after it
   bool finished_ = false;
   ParsedMessage msg_;
 };

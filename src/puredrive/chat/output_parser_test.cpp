@@ -236,6 +236,38 @@ TEST(OutputParser, TextAfterToolCallIsContent) {
   EXPECT_EQ(m.content, "And some words.");
 }
 
+TEST(OutputParser, ToolCallInsideReasoningIsACall) {
+  const std::string call =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
+  // The reasoning never closes: the turn ends after the call.
+  const auto open = parse_pieces({"I need the weather.\n", call}, options(true));
+  EXPECT_EQ(open.reasoning_content, "I need the weather.");
+  EXPECT_EQ(open.content, "");
+  ASSERT_EQ(open.tool_calls.size(), 1u);
+  EXPECT_EQ(open.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(open.tool_calls[0].arguments, R"({"city": "Paris"})");
+  // The reasoning resumes after the call and closes; the model's newlines between the parts stay.
+  const auto resumed = parse_all("<think>\nPlan.\n" + call + "\nMore thought.\n</think>\n\nDone.", options());
+  EXPECT_EQ(resumed.reasoning_content, "Plan.\n\nMore thought.");
+  EXPECT_EQ(resumed.content, "Done.");
+  ASSERT_EQ(resumed.tool_calls.size(), 1u);
+  // A malformed or unknown call stays reasoning text, verbatim.
+  const auto unknown = parse_all(
+      "Hmm.\n<tool_call>\n{\"name\": \"no_such_tool\", \"arguments\": {}}\n</tool_call>\nOk.", options(true));
+  EXPECT_EQ(unknown.reasoning_content,
+            "Hmm.\n<tool_call>\n{\"name\": \"no_such_tool\", \"arguments\": {}}\n</tool_call>\nOk.");
+  EXPECT_TRUE(unknown.tool_calls.empty());
+  const auto unterminated = parse_all("Hmm.\n<tool_call>\n<function=get_weather>", options(true));
+  EXPECT_EQ(unterminated.reasoning_content, "Hmm.\n<tool_call>\n<function=get_weather>");
+  EXPECT_TRUE(unterminated.tool_calls.empty());
+  // Without tools (or tool_choice none) the markup is reasoning text, as before.
+  OutputParserOptions no_tools = options(true);
+  no_tools.parse_tool_calls = false;
+  const auto plain = parse_all("Plan.\n" + call, no_tools);
+  EXPECT_EQ(plain.reasoning_content, "Plan.\n" + call);
+  EXPECT_TRUE(plain.tool_calls.empty());
+}
+
 // The same output split at every byte (two pieces), at every pair of bytes (three pieces) and byte by byte
 // must parse exactly like the whole string.
 void check_all_splits(const std::string& text, const OutputParserOptions& o) {
@@ -281,6 +313,13 @@ TEST(OutputParser, EverySplitPointJsonAndMalformed) {
   check_all_splits(
       "reasoning continues\n\n</think>\n\n<tool_call>\n{\"name\": \"search\", \"arguments\": "
       "{}}\n</tool_call>",
+      options(true));
+}
+
+TEST(OutputParser, EverySplitPointCallInsideReasoning) {
+  check_all_splits(
+      "Plan.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>\nThen "
+      "<tool_ca\n<tool_call>oops</tool_call>\n</think>\n\nDone.",
       options(true));
 }
 

@@ -343,6 +343,17 @@ Expected<TensorStore> TensorStore::open_files(const std::vector<std::string>& pa
   return store;
 }
 
+Expected<TensorStore> TensorStore::listing(std::vector<TensorInfo> tensors) {
+  TensorStore store;
+  for (auto& t : tensors) {
+    auto [it, inserted] = store.index_.emplace(t.name, store.tensors_.size());
+    if (!inserted) return make_error(ErrorCode::kInvalidArgument, "tensor '{}' is listed twice", t.name);
+    t.data = nullptr;
+    store.tensors_.push_back(std::move(t));
+  }
+  return store;
+}
+
 Status TensorStore::add_file(SafetensorsFile file) {
   for (const auto& t : file.tensors()) {
     auto [it, inserted] = index_.emplace(t.name, tensors_.size());

@@ -62,6 +62,9 @@ class TensorStore {
   static Expected<TensorStore> open_dir(const std::string& dir);
   // Opens the given files as one checkpoint (names must be unique across them).
   static Expected<TensorStore> open_files(const std::vector<std::string>& paths);
+  // Names, dtypes and shapes without files (data null): a checkpoint that is about to be written, for code
+  // that only plans from the listing (plan_quantization). Names must be unique.
+  static Expected<TensorStore> listing(std::vector<TensorInfo> tensors);
 
   const TensorInfo* find(const std::string& name) const;
   // Every tensor, shard by shard in data-offset order.

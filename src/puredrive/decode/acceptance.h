@@ -23,6 +23,9 @@
 // truncation or a reduced draft vocabulary (q = 0 outside it) only change acceptance. A draft with
 // q_j(d_j) = 0 is a programmer error (PD_ASSERT).
 //
+// The rules themselves are backend/cpu/sampling.h's accept(), which the backends' sample op reproduces on
+// the device; this header is their host interface over TokenDistributions and an Rng.
+//
 // Tests: acceptance_test.cpp (hand-made cycles, the paper's worked example, block >= token-wise) and
 // speculative_exactness_test.cpp (chi-square goodness of fit, faulty rules rejected, seeded and greedy
 // identity).
@@ -37,7 +40,12 @@
 
 namespace pd {
 
-enum class AcceptRule { kGreedy, kTokenwise, kBlock, kSeeded };
+// The values of backend.h SampleRule.
+enum class AcceptRule : int32_t { kGreedy = 0, kTokenwise = 1, kBlock = 2, kSeeded = 3 };
+
+inline SampleRule sample_rule(AcceptRule rule) {
+  return static_cast<SampleRule>(static_cast<int32_t>(rule));
+}
 
 const char* accept_rule_name(AcceptRule rule);
 
@@ -72,11 +80,11 @@ namespace testonly {
 enum class FaultyRule : int {
   // Block verification with P_i = P_{i-1} p/q not capped at 1 ("accept with p/q uncapped"). In the
   // token-wise rule capping is a no-op (r <= 1); in block verification it changes h_i and P_tau.
-  kBlockUncapped = 1,
+  kBlockUncapped = sampling::kFaultyBlockUncapped,
   // Block verification that stops at the first i with eta_i > h_i instead of taking the largest i.
-  kBlockFirstFailure = 2,
+  kBlockFirstFailure = sampling::kFaultyBlockFirstFailure,
   // Token-wise with y ~ p_{j-1} instead of the residual after a rejection (a classic port bug).
-  kTokenwiseResampleTarget = 3,
+  kTokenwiseResampleTarget = sampling::kFaultyTokenwiseResample,
 };
 
 const char* faulty_rule_name(FaultyRule rule);
@@ -92,15 +100,17 @@ class Verifier {
 
   AcceptRule rule() const { return rule_; }
   bool is_faulty() const { return faulty_ != 0; }
+  int32_t faulty() const { return faulty_; }  // a testonly::FaultyRule, 0 for the correct rules
   const char* name() const;
 
-  // Uses rng only for kTokenwise / kBlock: k uniforms (token-wise: up to the first rejection) + 1 for y.
+  // Uses rng only for kTokenwise / kBlock, always k + 1 uniforms, drawn first: u[j] tests d_{j+1} (unused
+  // after a token-wise rejection), u[k] draws y. The fixed count lets a device draw the same numbers.
   AcceptResult accept(const VerifyInput& in, Rng& rng) const;
 
  private:
   friend Verifier testonly::faulty_verifier(testonly::FaultyRule rule);
   AcceptRule rule_;
-  int faulty_ = 0;  // a testonly::FaultyRule, 0 for the correct rules
+  int32_t faulty_ = 0;
 };
 
 inline AcceptResult accept(AcceptRule rule, const VerifyInput& in, Rng& rng) {

@@ -140,7 +140,7 @@ TEST(Acceptance, BlockAcceptsAtLeastAsManyAsTokenwiseOnTheSameDrafts) {
     AcceptStats tokenwise, block;
     double sum_diff = 0, sum_diff2 = 0;
     constexpr int kCycles = 20000;
-    DraftBlock drafts;
+    DraftProposal drafts;
     std::vector<TokenDistribution> rows(c.k + 1);
     for (int i = 0; i < kCycles; ++i) {
       std::vector<int32_t> ctx = {static_cast<int32_t>(i % c.vocab)};

@@ -10,9 +10,11 @@
 //     ended. The hidden view is valid only during the call.
 //   - can_draft(n) says whether drafting after position n is possible (the MTP head needs the hidden state
 //     of position n - 1, so not right after a 1-token prompt).
-//   - draft() proposes d_1..d_k for positions n+1..n+k, each drawn with draw_token(rule, q_j, ...) from its
-//     draft distribution q_j, which it returns (kTokenwise / kBlock need them; kGreedy / kSeeded drafters
-//     may leave them empty).
+//   - draft() proposes d_1..d_k for positions n+1..n+k, each drawn with the rule's draw_token() from its
+//   draft
+//     distribution q_j. The MTP head draws on the device (DeviceSampler::draw_draft), which leaves the
+//     drafts where the verify step reads them; for kTokenwise / kBlock the drafter also leaves the logits
+//     rows of q_1..q_k in DeviceSampler::draft_rows(k), processed with the draft params by the verify step.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +23,8 @@
 
 #include "puredrive/backend/backend.h"
 #include "puredrive/decode/acceptance.h"
-#include "puredrive/decode/sampling_params.h"
+#include "puredrive/decode/device_sampler.h"
 #include "puredrive/decode/seeded_noise.h"
-#include "puredrive/decode/token_history.h"
 #include "puredrive/model/sequence_state.h"
 #include "puredrive/util/status.h"
 
@@ -31,8 +32,8 @@ namespace pd {
 
 // What a drafter proposes for one cycle.
 struct DraftBlock {
-  std::vector<int32_t> tokens;           // d_1..d_k
-  std::vector<TokenDistribution> dists;  // q_1..q_k, the distributions they were drawn from
+  std::vector<int32_t> tokens;  // d_1..d_k
+  bool on_device = false;       // already in the DeviceSampler's drafts (draw_draft)
 };
 
 struct DraftContext {
@@ -40,12 +41,15 @@ struct DraftContext {
   int prompt_length = 0;
   int num_draft = 0;  // k
   AcceptRule rule = AcceptRule::kGreedy;
-  const SamplingParams* params = nullptr;  // the draft side's (may differ from the target's temperature)
-  TokenHistory* history = nullptr;         // at x_n; a drafter may push its drafts but must pop them again
-  Rng* rng = nullptr;                      // kTokenwise / kBlock draws
-  uint64_t seed = 0;                       // kSeeded noise
+  DeviceSampler* sampler = nullptr;  // draws with the draft params; holds the q rows
+  Rng* rng = nullptr;                // kTokenwise / kBlock draws
+  uint64_t seed = 0;                 // kSeeded noise
+  bool keep_logits = false;          // leave the q rows in sampler->draft_rows(k) whatever the rule
 
   int64_t position() const { return static_cast<int64_t>(sequence.size()) - 1; }  // n
+  bool needs_rows() const {
+    return keep_logits || rule == AcceptRule::kTokenwise || rule == AcceptRule::kBlock;
+  }
 };
 
 class Drafter {

@@ -28,19 +28,24 @@ bool same_bits(const float* a, const float* b, size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
-// Runs `context` from an empty state in steps of at most max_rows; returns the last row's logits.
-Expected<std::vector<float>> last_logits(Model& model, SequenceState& st, std::span<const int32_t> context) {
+// Runs `context` from an empty state as the generator does: its first prefill_rows tokens as prefill steps of
+// at most max_rows rows, then one row at a time (bitwise the rows of a verify step); returns the last row's
+// logits.
+Expected<std::vector<float>> last_logits(Model& model, SequenceState& st, std::span<const int32_t> context,
+                                         int prefill_rows) {
   PD_TRY(st.reset());
   const auto count = static_cast<int>(context.size());
   std::vector<float> logits;
-  for (int begin = 0; begin < count; begin += model.max_rows()) {
-    const int rows = std::min(model.max_rows(), count - begin);
+  for (int begin = 0; begin < count;) {
+    const bool prefill = begin < prefill_rows;
+    const int rows = prefill ? std::min(model.max_rows(), prefill_rows - begin) : 1;
     const bool last = begin + rows == count;
     PD_ASSIGN_OR_RETURN(
         StepOutput out,
         model.forward(st, context.subspan(static_cast<size_t>(begin), rows), iota_from(begin, rows),
-                      {.logits = last ? LogitRows::kLast : LogitRows::kNone, .tap = {}}));
+                      {.logits = last ? LogitRows::kLast : LogitRows::kNone, .tap = {}, .prefill = prefill}));
     if (last) logits = download(model.backend(), out.logits);
+    begin += rows;
   }
   return logits;
 }
@@ -206,7 +211,8 @@ Expected<TwoTokenLaw> exact_next_two(Model& model, const std::vector<int32_t>& p
   const int32_t V = model.config().vocab_size;
   // p(. | context) as plain decoding samples it: the penalties see the prompt and the generated tokens.
   auto dist = [&](std::span<const int32_t> context, TokenDistribution* out) -> Status {
-    PD_ASSIGN_OR_RETURN(std::vector<float> logits, last_logits(model, st, context));
+    PD_ASSIGN_OR_RETURN(std::vector<float> logits,
+                        last_logits(model, st, context, static_cast<int>(prompt.size()) - 1));
     TokenHistory history(V);
     history.add_prompt(context.first(prompt.size()));
     for (size_t i = prompt.size(); i < context.size(); ++i) history.push(context[i]);

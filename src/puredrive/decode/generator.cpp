@@ -19,29 +19,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// log_softmax of a raw logits row: the chosen token's log-probability and the n most likely tokens
-// (logprob desc, id asc).
-TokenLogprobs raw_logprobs(std::span<const float> logits, int32_t token, int n) {
-  double max_logit = -std::numeric_limits<double>::infinity();
-  for (float z : logits) max_logit = std::max(max_logit, static_cast<double>(z));
-  double sum = 0.0;
-  for (float z : logits) sum += std::exp(static_cast<double>(z) - max_logit);
-  const double log_z = max_logit + std::log(sum);
-  TokenLogprobs out;
-  out.token = token;
-  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
-  if (n > 0) {
-    std::vector<int32_t> ids(logits.size());
-    std::iota(ids.begin(), ids.end(), 0);
-    const size_t m = std::min(static_cast<size_t>(n), ids.size());
-    std::partial_sort(
-        ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(m), ids.end(),
-        [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-    for (size_t i = 0; i < m; ++i) out.top.emplace_back(ids[i], static_cast<float>(logits[ids[i]] - log_z));
-  }
-  return out;
-}
-
 Status check_request(const DecodeRequest& r, int vocab, int ctx_size, int max_draft, bool has_drafter) {
   if (r.prompt.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty");
   for (size_t i = 0; i < r.prompt.size(); ++i) {
@@ -105,9 +82,11 @@ std::string DecodeResult::summary() const {
     s += ")";
   }
   const double d = decode_seconds > 0 ? decode_seconds : 1.0;
-  s += fmt::format(", prefill {:.3f} s, decode {:.3f} s (draft {:.0f}%, target {:.0f}%, sampling {:.0f}%)",
-                   prefill_seconds, decode_seconds, 100.0 * accept.draft_seconds / d,
-                   100.0 * target_seconds / d, 100.0 * sample_seconds / d);
+  s += fmt::format(
+      ", prefill {:.3f} s, decode {:.3f} s (draft {:.0f}%, verify {:.0f}%, plain steps {:.0f}%, sample "
+      "{:.0f}%)",
+      prefill_seconds, decode_seconds, 100.0 * accept.draft_seconds / d, 100.0 * accept.verify_seconds / d,
+      100.0 * (target_seconds - accept.verify_seconds) / d, 100.0 * sample_seconds / d);
   return s;
 }
 
@@ -121,7 +100,7 @@ class Generator::Run {
         r_(r),
         sink_(sink),
         vocab_(g.vocab_size()),
-        history_(vocab_),
+        sampler_(*g.sampler_),
         draft_rng_(splitmix64_mix((r.sampling.seed ? *r.sampling.seed : r.rng_seed) ^ 0x6472616674ULL)),
         accept_rng_(splitmix64_mix((r.sampling.seed ? *r.sampling.seed : r.rng_seed) ^ 0x746172676574ULL)),
         verifier_(r.verifier
@@ -140,7 +119,7 @@ class Generator::Run {
     SequenceState& st = g_.state_;
     PD_TRY(st.reset());
     if (drafter_) drafter_->reset();
-    history_.add_prompt(r_.prompt);
+    PD_TRY(sampler_.begin(r_.sampling, draft_params_, r_.prompt));
     seq_ = r_.prompt;
     const auto t0 = Clock::now();
     if (r_.max_tokens == 0) {
@@ -175,7 +154,9 @@ class Generator::Run {
  private:
   int generated() const { return static_cast<int>(seq_.size() - r_.prompt.size()); }
 
-  // All prompt tokens but the last; the drafter observes every row (its next token is known).
+  // All prompt tokens but the last, in chunks of the model's max rows on the backend's prefill kernels
+  // (ForwardOptions::prefill); the drafter observes every row (its next token is known). Cancellation is
+  // checked between chunks.
   Status prefill() {
     SequenceState& st = g_.state_;
     const int count = static_cast<int>(r_.prompt.size()) - 1;
@@ -187,8 +168,9 @@ class Generator::Run {
       positions.resize(static_cast<size_t>(rows));
       std::iota(positions.begin(), positions.end(), begin);
       const std::span<const int32_t> tokens = std::span(r_.prompt).subspan(static_cast<size_t>(begin), rows);
-      PD_ASSIGN_OR_RETURN(StepOutput out,
-                          g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}}));
+      PD_ASSIGN_OR_RETURN(
+          StepOutput out,
+          g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}, .prefill = true}));
       if (drafter_) {
         PD_TRY(drafter_->observe(
             st, begin, std::span(r_.prompt).subspan(static_cast<size_t>(begin) + 1, rows), out.hidden));
@@ -197,32 +179,46 @@ class Generator::Run {
     return Status::ok();
   }
 
-  Status download_rows(const Tensor& logits) {
-    logits_.resize(static_cast<size_t>(logits.rows * logits.cols));
-    return g_.model_.backend().download(logits_.data(), logits);
+  bool uses_uniforms() const {
+    return verifier_.rule() == AcceptRule::kTokenwise || verifier_.rule() == AcceptRule::kBlock;
   }
-  std::span<const float> row(int r) const {
-    return std::span(logits_).subspan(static_cast<size_t>(r) * vocab_, static_cast<size_t>(vocab_));
+
+  // Waits for the device when the request times the phases apart.
+  Status settle() { return r_.timing ? g_.model_.backend().synchronize() : Status::ok(); }
+
+  // Stages the sample op's control for a step of k + 1 rows whose first drawn token is at `position`: the
+  // uniforms come from the acceptance stream in Verifier::accept's order.
+  Status stage(int k, int64_t position) {
+    uniforms_.clear();
+    if (uses_uniforms()) {
+      for (int j = 0; j <= k; ++j) uniforms_.push_back(accept_rng_.uniform());
+    }
+    return sampler_.stage(uniforms_, seed_, position);
+  }
+
+  // The sample op over the target rows of a step: a plain step (1 row) or a verify step (k + 1 rows).
+  Status sample(const Tensor& logits, const Tensor& draft_rows) {
+    const auto t0 = Clock::now();
+    PD_ASSIGN_OR_RETURN(verdict_, sampler_.verify(logits, draft_rows, verifier_, r_.top_logprobs));
+    result_.sample_seconds += seconds_since(t0);
+    return Status::ok();
   }
 
   Status plain_step() {
     SequenceState& st = g_.state_;
     const int32_t token = seq_.back();
     const auto position = static_cast<int32_t>(seq_.size() - 1);
-    auto t0 = Clock::now();
+    PD_TRY(stage(0, position + 1));
+    const auto t0 = Clock::now();
     PD_ASSIGN_OR_RETURN(StepOutput out, g_.model_.forward(st, std::span(&token, 1), std::span(&position, 1),
                                                           {.logits = LogitRows::kLast, .tap = {}}));
-    PD_TRY(download_rows(out.logits));
+    PD_TRY(settle());
     result_.target_seconds += seconds_since(t0);
     ++result_.steps;
     ++result_.plain_steps;
-    t0 = Clock::now();
-    target_.resize(1);
-    PD_TRY(process_logits(row(0), r_.sampling, &history_, &target_[0]));
-    const int32_t y = draw_token(verifier_.rule(), target_[0], accept_rng_, seed_, position + 1);
-    result_.sample_seconds += seconds_since(t0);
-    emitted_.assign(1, y);
-    PD_TRY(emit(/*first_row_of_token=*/0));
+    PD_TRY(sample(out.logits, Tensor{}));
+    emitted_ = verdict_->tokens;
+    PD_TRY(emit(out.logits));
     if (!done_ && drafter_) PD_TRY(drafter_->observe(st, position, emitted_, out.hidden));
     return Status::ok();
   }
@@ -236,8 +232,7 @@ class Generator::Run {
                            .prompt_length = static_cast<int>(r_.prompt.size()),
                            .num_draft = k,
                            .rule = verifier_.rule(),
-                           .params = &draft_params_,
-                           .history = &history_,
+                           .sampler = &sampler_,
                            .rng = &draft_rng_,
                            .seed = seed_};
     PD_TRY(drafter_->draft(st, ctx, &block_));
@@ -248,9 +243,12 @@ class Generator::Run {
     for (int32_t d : block_.tokens) {
       if (d < 0 || d >= vocab_) return make_error(ErrorCode::kInternal, "drafter proposed token {}", d);
     }
+    if (!block_.on_device) PD_TRY(sampler_.upload_drafts(block_.tokens));
+    PD_TRY(settle());
     result_.accept.draft_seconds += seconds_since(t0);
 
-    // Verify: one target step over [x_n, d_1..d_k].
+    // Verify: one target step over [x_n, d_1..d_k], then the sample op accepts a prefix and draws y.
+    PD_TRY(stage(k, n + 1));
     t0 = Clock::now();
     rows_.assign(1, seq_.back());
     rows_.insert(rows_.end(), block_.tokens.begin(), block_.tokens.end());
@@ -258,47 +256,23 @@ class Generator::Run {
     std::iota(positions_.begin(), positions_.end(), n);
     PD_ASSIGN_OR_RETURN(StepOutput out,
                         g_.model_.forward(st, rows_, positions_, {.logits = LogitRows::kAll, .tap = {}}));
-    PD_TRY(download_rows(out.logits));
+    PD_TRY(settle());
     const double verify = seconds_since(t0);
     result_.accept.verify_seconds += verify;
     result_.target_seconds += verify;
     ++result_.steps;
-
-    // p_j with the history of row j (d_1..d_j pushed), then accept.
-    t0 = Clock::now();
-    target_.resize(static_cast<size_t>(k) + 1);
-    Status status = Status::ok();
-    int pushed = 0;
-    for (int j = 0; j <= k && status.is_ok(); ++j) {
-      if (j > 0) {
-        history_.push(block_.tokens[static_cast<size_t>(j) - 1]);
-        ++pushed;
-      }
-      status = process_logits(row(j), r_.sampling, &history_, &target_[static_cast<size_t>(j)]);
+    Tensor draft_rows;
+    if (uses_uniforms()) {
+      PD_ASSIGN_OR_RETURN(draft_rows, sampler_.draft_rows(k));
     }
-    for (int j = pushed; j > 0; --j) history_.pop(block_.tokens[static_cast<size_t>(j) - 1]);
-    PD_TRY(status);
-    const bool need_q = verifier_.rule() == AcceptRule::kTokenwise || verifier_.rule() == AcceptRule::kBlock;
-    if (need_q && block_.dists.size() != static_cast<size_t>(k)) {
-      return make_error(ErrorCode::kInternal, "drafter returned {} draft distributions for {} drafts",
-                        block_.dists.size(), k);
-    }
-    const VerifyInput in{.drafts = block_.tokens,
-                         .target = target_,
-                         .draft = need_q ? std::span<const TokenDistribution>(block_.dists)
-                                         : std::span<const TokenDistribution>(),
-                         .seed = seed_,
-                         .first_position = n + 1};
-    const AcceptResult acc = verifier_.accept(in, accept_rng_);
-    result_.sample_seconds += seconds_since(t0);
-    result_.accept.record(k, acc.num_accepted);
-    result_.cycle_accepted.push_back(acc.num_accepted);
+    PD_TRY(sample(out.logits, draft_rows));
+    const int a = verdict_->accepted;
+    result_.accept.record(k, a);
+    result_.cycle_accepted.push_back(a);
 
     // Commit d_1..d_a, y; drop the rejected rows.
-    const int a = acc.num_accepted;
-    emitted_.assign(block_.tokens.begin(), block_.tokens.begin() + a);
-    emitted_.push_back(acc.next_token);
-    PD_TRY(emit(0));
+    emitted_ = verdict_->tokens;
+    PD_TRY(emit(out.logits));
     // The verify rows that stay are x_n and the drafts before the last emitted token (a stop may have cut
     // the cycle short), so the state always ends as plain decoding would leave it.
     const int kept = static_cast<int>(emitted_.size());
@@ -307,17 +281,14 @@ class Generator::Run {
     return drafter_->observe(st, n, emitted_, out.hidden.row_slice(0, kept));
   }
 
-  // Appends emitted_ (token i came from logits row first_row + i) and applies the stop conditions, cutting
-  // the chunk after the token that stops.
-  Status emit(int first_row) {
+  // Appends emitted_ (token i came from logits row i) and applies the stop conditions, cutting the chunk
+  // after the token that stops.
+  Status emit(const Tensor& logits) {
     size_t count = 0;
     logprobs_.clear();
     for (int32_t t : emitted_) {
-      if (r_.top_logprobs >= 0) {
-        logprobs_.push_back(raw_logprobs(row(first_row + static_cast<int>(count)), t, r_.top_logprobs));
-      }
+      if (r_.top_logprobs >= 0) logprobs_.push_back(verdict_->logprobs[count]);
       seq_.push_back(t);
-      history_.push(t);
       ++count;
       if (std::find(r_.stop_token_ids.begin(), r_.stop_token_ids.end(), t) != r_.stop_token_ids.end()) {
         finish(FinishReason::kStop);
@@ -330,8 +301,9 @@ class Generator::Run {
     }
     emitted_.resize(count);
     if (r_.keep_last_logits && count > 0) {
-      const std::span<const float> last = row(first_row + static_cast<int>(count) - 1);
-      result_.last_logits.assign(last.begin(), last.end());
+      result_.last_logits.resize(static_cast<size_t>(vocab_));
+      PD_TRY(g_.model_.backend().download(result_.last_logits.data(),
+                                          logits.row_slice(static_cast<int64_t>(count) - 1, 1)));
     }
     if (sink_ && !sink_(DecodeChunk{.tokens = emitted_, .logprobs = logprobs_}) && !done_) {
       finish(FinishReason::kCancelled);
@@ -348,7 +320,7 @@ class Generator::Run {
   const DecodeRequest& r_;
   const ChunkSink& sink_;
   const int vocab_;
-  TokenHistory history_;
+  DeviceSampler& sampler_;
   Rng draft_rng_;
   Rng accept_rng_;
   Verifier verifier_;
@@ -360,8 +332,8 @@ class Generator::Run {
   bool done_ = false;
   DecodeResult result_;
   // Reused per step.
-  std::vector<float> logits_;
-  std::vector<TokenDistribution> target_;
+  const Verdict* verdict_ = nullptr;
+  std::vector<double> uniforms_;
   DraftBlock block_;
   std::vector<int32_t> rows_, positions_, emitted_;
   std::vector<TokenLogprobs> logprobs_;
@@ -381,6 +353,7 @@ Expected<std::unique_ptr<Generator>> Generator::create(Model& model, const Gener
                                                             .kv_dtype = options.kv_dtype,
                                                             .max_rows = std::max(2, options.max_draft + 1)}));
   auto g = std::unique_ptr<Generator>(new Generator(model, options, std::move(state)));
+  PD_ASSIGN_OR_RETURN(g->sampler_, DeviceSampler::create(model.backend(), model.config().vocab_size));
   if (options.mtp && model.has_mtp() && options.max_draft > 0) {
     PD_ASSIGN_OR_RETURN(std::unique_ptr<MtpDrafter> d, MtpDrafter::create(model));
     g->drafter_ = std::move(d);

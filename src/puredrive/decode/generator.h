@@ -4,15 +4,17 @@
 // Exactness (docs/DESIGN.md §4, docs/spec/speculative.md): plain decoding and MTP cycles share everything but
 // the number of rows per target step. The prompt's last token is not prefilled: like every later token it is
 // the first row of a step, so the first generated token comes out of a step too (and can be drafted). Every
-// emitted token is drawn from process_logits() of a row that is bitwise the row a one-row step would give,
-// with the rule's draw_token() (plain) or Verifier::accept() (cycle), so:
+// emitted token comes from the backend's sample op (DeviceSampler) over rows that are bitwise the rows a
+// one-row step would give; the op computes process_logits() with the rule's draw_token() (plain) or
+// Verifier::accept() (cycle) on the device, and only the tokens come back, so:
 //   - greedy (kGreedy) and seeded (kSeeded) outputs are identical with MTP on and off, for any drafter;
 //   - token-wise / block outputs are distributed exactly as plain sampling (chi-square tests).
 //
 // One cycle, x_n the newest committed token at position n (docs/spec/speculative.md §1):
-//   draft d_1..d_k (Drafter) -> forward([x_n, d_1..d_k], positions n..n+k) -> p_0..p_k with the penalties of
-//   each row's history -> accept a, y -> emit d_1..d_a, y -> state.rewind(n + a + 1) (GDN snapshot of row a,
-//   KV beyond it dead) -> the drafter observes rows n..n+a (tokens d_1..d_a, y; the verify hidden states).
+//   draft d_1..d_k (Drafter) -> forward([x_n, d_1..d_k], positions n..n+k) -> sample op: p_0..p_k with the
+//   penalties of each row's history, accept a, y -> emit d_1..d_a, y -> state.rewind(n + a + 1) (GDN
+//   snapshot of row a, KV beyond it dead) -> the drafter observes rows n..n+a (tokens d_1..d_a, y; the
+//   verify hidden states).
 //
 // When generate() returns, the state holds the prompt and every emitted token but the last, exactly as plain
 // decoding leaves it (rejected rows rewound, also when a stop cut a cycle short).
@@ -64,16 +66,13 @@ struct DecodeRequest {
   // -1: none. 0..20: per emitted token the log-probability under log_softmax of the raw logits row, plus
   // this many most likely alternatives (the server's convention, engine_port.h).
   int top_logprobs = -1;
-  bool keep_last_logits = false;     // DecodeResult::last_logits
+  bool keep_last_logits = false;  // DecodeResult::last_logits
+  // Synchronise the device after every target step and every draft, so that the draft / target / sample
+  // times of DecodeResult are separate (otherwise the device's work lands where the host waits for it).
+  bool timing = false;
   std::optional<Verifier> verifier;  // overrides the rule's verifier (testonly faulty rules)
   Drafter* drafter = nullptr;        // overrides the generator's drafter for this request (tests, check)
   std::function<bool()> cancelled;   // polled between prefill chunks and steps
-};
-
-struct TokenLogprobs {
-  int32_t token = -1;
-  float logprob = 0.0f;
-  std::vector<std::pair<int32_t, float>> top;  // most likely first
 };
 
 // What one step emitted (1 token for a plain step, a + 1 for a cycle, fewer when a stop cut it).
@@ -94,10 +93,11 @@ struct DecodeResult {
   int64_t plain_steps = 0;
   double prefill_seconds = 0;  // the prompt's first L-1 tokens, MTP rows included
   double decode_seconds = 0;   // everything after the prefill
-  double target_seconds = 0;   // target steps (plain and verify) including the logits download
-  double sample_seconds = 0;   // process_logits, draws and acceptance
+  double target_seconds = 0;   // target steps (plain and verify)
+  double sample_seconds = 0;   // the sample op: processing, draws and acceptance, and its download
 
-  // "tokens/cycle 2.31, accepted 71.2% (per position 88.0% 69.1%), draft 12% verify 80% sample 5%"
+  // "... tokens/cycle 2.31, accepted 71.2% (per position 88.0% 69.1%), ... decode 1.2 s (draft 12%,
+  // verify 60%, plain steps 20%, sample 5%)"; with DecodeRequest::timing the shares are separate.
   std::string summary() const;
 };
 
@@ -127,6 +127,7 @@ class Generator {
   GeneratorOptions options_;
   SequenceState state_;
   std::unique_ptr<Drafter> drafter_;
+  std::unique_ptr<DeviceSampler> sampler_;
 };
 
 }  // namespace pd

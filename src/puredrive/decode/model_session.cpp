@@ -1,30 +1,71 @@
 #include "puredrive/decode/model_session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include "puredrive/util/log.h"
+#include "puredrive/util/progress.h"
 
 namespace pd {
 
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 Expected<std::unique_ptr<ModelSession>> ModelSession::open(const SessionOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
   auto s = std::make_unique<ModelSession>();
   PD_ASSIGN_OR_RETURN(s->backend, create_backend({.name = o.backend, .threads = o.threads}));
   PD_LOG_INFO("backend: {}{}", s->backend->name(), o.backend == "auto" ? " (--backend auto)" : "");
-  // Measured before anything is loaded, as the plan counts the weights itself.
-  const int64_t available = s->backend->available_memory();
+  if (o.prefill_chunk < 1 || o.prefill_chunk > kMaxPrefillChunk) {
+    return make_error(ErrorCode::kInvalidArgument, "prefill chunk must be 1..{} rows, got {}",
+                      kMaxPrefillChunk, o.prefill_chunk);
+  }
   PD_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(o.model_dir));
+  const int max_rows = std::max(o.prefill_chunk, o.max_draft + 1);
+  // All logits only for verify steps and the row-exactness gate (steps of up to 8 rows).
+  const int logit_rows = std::min(max_rows, std::max(8, o.max_draft + 1));
+  const int64_t workspace = step_workspace_bytes(config, max_rows, logit_rows);
+  // Measured before anything is loaded, as the plan counts the weights itself; the step workspaces come off
+  // the top.
+  const int64_t available = s->backend->available_memory() - workspace;
   if (auto estimate = plan_context(config, nullptr, o.ctx_size, available, o.model_dir); !estimate) {
     return estimate.status();
   }
+  const auto t_map = std::chrono::steady_clock::now();
   PD_ASSIGN_OR_RETURN(s->checkpoint, load_checkpoint(o.model_dir));
+  s->load.map_seconds = seconds_since(t_map);
   PD_ASSIGN_OR_RETURN(s->plan, plan_context(s->checkpoint.config, &s->checkpoint.weights, o.ctx_size,
                                             available, o.model_dir));
-  PD_LOG_INFO("memory plan: {} of {} available on {}", describe_plan(s->plan),
-              format_bytes(static_cast<double>(available)), s->backend->name());
-  const int max_rows = std::max(o.prefill_chunk, o.max_draft + 1);
-  PD_ASSIGN_OR_RETURN(s->model, create_model(s->checkpoint.config, s->checkpoint.weights, *s->backend,
-                                             {.max_rows = max_rows}));
+  PD_LOG_INFO("memory plan: {} of {} available on {} (after {} of step workspace for {}-row prefill chunks)",
+              describe_plan(s->plan), format_bytes(static_cast<double>(available)), s->backend->name(),
+              format_bytes(static_cast<double>(workspace)), max_rows);
+  const auto t_up = std::chrono::steady_clock::now();
+  {
+    // The CPU backend uses the mapped weights in place: nothing to report there.
+    const bool copies = s->backend->device() != Device::kCpu;
+    Progress progress(fmt::format("loading weights to {}", s->backend->name()),
+                      static_cast<uint64_t>(s->plan.weight_bytes),
+                      copies ? Progress::Mode::kAuto : Progress::Mode::kOff);
+    const int64_t bound_before = s->backend->bound_bytes();
+    std::optional<ProgressPoller> poll;
+    if (copies) {
+      poll.emplace(progress, [&] { return static_cast<uint64_t>(s->backend->bound_bytes() - bound_before); });
+    }
+    auto model = create_model(s->checkpoint.config, s->checkpoint.weights, *s->backend,
+                              {.max_rows = max_rows, .max_logit_rows = logit_rows});
+    poll.reset();
+    progress.finish();
+    if (!model) return model.status();
+    s->model = std::move(model).value();
+  }
+  s->load.upload_seconds = seconds_since(t_up);
   std::error_code ec;
   if (std::filesystem::exists(o.model_dir + "/tokenizer.json", ec)) {
     PD_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(o.model_dir));
@@ -37,6 +78,9 @@ Expected<std::unique_ptr<ModelSession>> ModelSession::open(const SessionOptions&
                                                     .kv_dtype = o.kv_dtype,
                                                     .max_draft = o.max_draft,
                                                     .mtp = o.mtp}));
+  s->load.total_seconds = seconds_since(t0);
+  PD_LOG_INFO("model ready in {:.1f} s (checkpoint mapped in {:.1f} s, weights bound in {:.1f} s)",
+              s->load.total_seconds, s->load.map_seconds, s->load.upload_seconds);
   return s;
 }
 

@@ -2,7 +2,9 @@
 // backend -> checkpoint (mapped weights) -> model -> tokenizer (when tokenizer.json exists) -> generation
 // defaults (EOS ids, sampling) -> generator. The backend comes first because its available memory sizes
 // the context: the memory plan is computed from config.json before any weight is mapped, and again with
-// the real weights. The chosen backend and the plan are logged.
+// the real weights. The chosen backend and the plan are logged. A model that does not fit is refused before
+// any weight is read. Uploading the weights to a device reports its progress (a bar on a terminal, log lines
+// otherwise) and its time.
 #pragma once
 
 #include <memory>
@@ -19,13 +21,18 @@
 
 namespace pd {
 
+inline constexpr int kDefaultPrefillChunk = 2048;
+inline constexpr int kMaxPrefillChunk = 16384;
+
 struct SessionOptions {
   std::string model_dir;
   std::string backend = "auto";  // "auto": CUDA when a device is usable, else the CPU
   int threads = 0;               // CPU threads, <= 0: all cores
   int ctx_size = 0;              // 0: max_position_embeddings, or the largest context that fits
   DType kv_dtype = DType::kBF16;
-  int prefill_chunk = 64;  // rows per prefill step (the model's max rows is at least max_draft + 1)
+  // Rows per prefill step (the model's max rows is at least max_draft + 1). The step workspaces grow with
+  // it (step_workspace_bytes in model/memory_plan.h), and the memory plan leaves room for them.
+  int prefill_chunk = kDefaultPrefillChunk;
   int max_draft = 4;
   bool mtp = true;  // attach the MTP drafter when the checkpoint has a head
 };
@@ -38,6 +45,13 @@ struct ModelSession {
   GenerationDefaults defaults;
   std::unique_ptr<Generator> generator;
   MemoryPlan plan;  // plan.ctx_size is the context the generator holds
+  // Wall time of open(): mapping and binding the checkpoint (`map`), then building the model on the backend,
+  // which for a device means uploading every weight (`upload`).
+  struct LoadTimes {
+    double map_seconds = 0;
+    double upload_seconds = 0;
+    double total_seconds = 0;
+  } load;
 
   static Expected<std::unique_ptr<ModelSession>> open(const SessionOptions& options);
 };

@@ -12,9 +12,7 @@ Expected<std::unique_ptr<MtpDrafter>> MtpDrafter::create(Model& model) {
   }
   PD_ASSIGN_OR_RETURN(Buffer pending,
                       model.backend().alloc(DType::kF32, model.max_rows(), model.config().hidden_size));
-  auto d = std::unique_ptr<MtpDrafter>(new MtpDrafter(model, std::move(pending)));
-  d->logits_.resize(static_cast<size_t>(model.config().vocab_size));
-  return d;
+  return std::unique_ptr<MtpDrafter>(new MtpDrafter(model, std::move(pending)));
 }
 
 void MtpDrafter::reset() {
@@ -70,36 +68,37 @@ Status MtpDrafter::draft(SequenceState& state, const DraftContext& ctx, DraftBlo
                       "MTP drafter: asked to draft after position {} but observed up to {}", n,
                       observed_end_);
   }
-  Backend& be = model_.backend();
+  if (ctx.sampler == nullptr) return make_error(ErrorCode::kInternal, "MTP drafter: no sampler");
   out->tokens.clear();
-  out->dists.resize(static_cast<size_t>(ctx.num_draft));
+  out->on_device = true;
+  Tensor rows;
+  if (ctx.needs_rows()) {
+    PD_ASSIGN_OR_RETURN(rows, ctx.sampler->draft_rows(ctx.num_draft));
+  }
+  const bool uses_u = ctx.rule == AcceptRule::kTokenwise || ctx.rule == AcceptRule::kBlock;
+  // The draw's control goes up before the head's step is queued (the upload then waits for nothing).
+  auto stage = [&](int j) {
+    const double u = uses_u ? ctx.rng->uniform() : 0.0;
+    return ctx.sampler->stage(uses_u ? std::span<const double>(&u, 1) : std::span<const double>(), ctx.seed,
+                              n + j + 1);
+  };
+  PD_TRY(stage(0));
   PD_ASSIGN_OR_RETURN(StepOutput step, flush(state, LogitRows::kLast));
-  Status status = Status::ok();
   for (int j = 0; j < ctx.num_draft; ++j) {
     if (j > 0) {
+      PD_TRY(stage(j));
       // Chain: (d_j, the previous post-norm hidden) at position n + j - 1 predicts d_{j+1}.
       const int32_t token = out->tokens.back();
       const auto position = static_cast<int32_t>(n + j - 1);
-      Expected<StepOutput> next = model_.mtp_forward(state, std::span(&token, 1), std::span(&position, 1),
-                                                     step.hidden.row_slice(step.hidden.rows - 1, 1),
-                                                     {.logits = LogitRows::kLast, .tap = {}});
-      if (!next) {
-        status = next.status();
-        break;
-      }
-      step = *next;
+      PD_ASSIGN_OR_RETURN(step, model_.mtp_forward(state, std::span(&token, 1), std::span(&position, 1),
+                                                   step.hidden.row_slice(step.hidden.rows - 1, 1),
+                                                   {.logits = LogitRows::kLast, .tap = {}}));
     }
-    status = be.download(logits_.data(), step.logits);
-    if (status.is_ok()) status = process_logits(logits_, *ctx.params, ctx.history, &out->dists[j]);
-    if (!status.is_ok()) break;
-    const int32_t d = draw_token(ctx.rule, out->dists[j], *ctx.rng, ctx.seed, n + j + 1);
+    if (!rows.empty()) PD_TRY(model_.backend().copy(rows.row_slice(j, 1), step.logits));
+    PD_ASSIGN_OR_RETURN(int32_t d, ctx.sampler->draw_draft(step.logits, ctx.rule, j));
     out->tokens.push_back(d);
-    if (ctx.history != nullptr) ctx.history->push(d);
   }
-  if (ctx.history != nullptr) {
-    for (auto it = out->tokens.rbegin(); it != out->tokens.rend(); ++it) ctx.history->pop(*it);
-  }
-  return status;
+  return Status::ok();
 }
 
 }  // namespace pd

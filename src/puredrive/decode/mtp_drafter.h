@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "puredrive/decode/drafter.h"
-#include "puredrive/decode/sampler.h"
 #include "puredrive/model/model.h"
 
 namespace pd {
@@ -36,9 +35,8 @@ class MtpDrafter : public Drafter {
   Model& model_;
   Buffer pending_hidden_;  // F32 [max_rows, H]: hidden states of the pending rows
   std::vector<int32_t> pending_tokens_;
-  int pending_first_ = 0;      // position of the first pending row
-  int observed_end_ = 0;       // one past the last observed position
-  std::vector<float> logits_;  // [V] host copy of a draft row
+  int pending_first_ = 0;  // position of the first pending row
+  int observed_end_ = 0;   // one past the last observed position
 };
 
 }  // namespace pd

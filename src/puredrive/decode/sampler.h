@@ -2,15 +2,10 @@
 //
 // process_logits() is the ONE implementation of "logits row -> distribution" that the plain decode path,
 // the drafter and the speculative verifier all use, so that acceptance rules compare exactly the
-// distributions the non-speculative sampler would sample from. It follows vLLM's v1 sampler order:
-//   1. logit_bias is added;
-//   2. repetition penalty (HF/CTRL: positive logits / r, negative * r) on prompt + output tokens;
-//   3. frequency (per count) and presence (once) penalties on output tokens (OpenAI);
-//   4. greedy (temperature 0): a point mass on the argmax, lowest token id on ties; top-k/p, min-p unused;
-//   5. softmax(logits / T) in double;
-//   6. min_p: drop p < min_p * p_max;  7. top_k;  8. top_p (smallest prefix of the (p desc, id asc) order
-//      whose mass reaches top_p, computed on the renormalised top-k set);
-//   9. renormalise over the kept tokens (double sums).
+// distributions the non-speculative sampler would sample from. Its math, and the order of its steps
+// (vLLM's v1 sampler: logit_bias; repetition penalty on prompt + output tokens; frequency and presence
+// penalties on output tokens; greedy = argmax; temperature; min_p; top_k; top_p; renormalise), is the
+// reference of backend/cpu/sampling.h, which the backends' sample op reproduces bit for bit on the device.
 // Ties in top-k/top-p are broken by (p desc, id asc), so the kept set never depends on scan order.
 //
 // Logprobs (OpenAI logprobs/top_logprobs) are those of the final sampling distribution, i.e. after bias,
@@ -25,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "puredrive/backend/cpu/sampling.h"
 #include "puredrive/decode/sampling_params.h"
 #include "puredrive/decode/seeded_noise.h"
 #include "puredrive/decode/token_history.h"
@@ -32,18 +28,8 @@
 
 namespace pd {
 
-// A processed next-token distribution over the full vocabulary. Reuse one object per row: the vectors
-// keep their capacity.
-struct TokenDistribution {
-  std::vector<float> logits;  // [V] after logit bias and penalties, before temperature
-  std::vector<double> probs;  // [V] the sampling distribution; exactly 0 for masked tokens
-  std::vector<int32_t> kept;  // ids with probs > 0, ascending
-  int32_t argmax = -1;        // argmax of `logits`, lowest id on ties (the greedy token)
-  bool greedy = false;        // temperature 0: probs is the point mass on argmax
-
-  int32_t vocab_size() const { return static_cast<int32_t>(probs.size()); }
-  double prob(int32_t token) const { return probs[token]; }
-};
+// The row-processing part of params, as the backends' sample op takes it.
+SampleParams sample_params(const SamplingParams& params);
 
 // `params` must have passed validate(); `history` may be null when the params have no penalties.
 // Fails (kInternal) on a NaN or +inf logit, naming the token, and when every logit is -inf.
@@ -60,10 +46,6 @@ int32_t sample(const TokenDistribution& dist, Rng& rng);
 // Seeded exact mode: argmax over kept tokens of log p(v) + gumbel(seed, position, v); ties (measure zero)
 // to the lowest id. Greedy distributions return their argmax.
 int32_t sample_seeded(const TokenDistribution& dist, uint64_t seed, int64_t position);
-
-// Draw from unnormalised non-negative weights over `ids` (inverse CDF in the order given). Returns -1
-// when the total weight is 0.
-int32_t sample_weighted(std::span<const int32_t> ids, std::span<const double> weights, Rng& rng);
 
 struct TokenLogprob {
   int32_t token = -1;

@@ -4,7 +4,7 @@
 //   - kRandomPrefix: the next m of them (m uniform in 0..k, fresh each cycle), then tokens that differ from
 //     the future, so a greedy / seeded generator accepts exactly m and rolls back at every offset.
 // The draft distributions are point masses on the proposals (q(d) = 1), which keeps token-wise and block
-// verification exact too.
+// verification exact too; the drafter uploads them as logits rows that are -inf but at the proposal.
 #pragma once
 
 #include <cstdint>

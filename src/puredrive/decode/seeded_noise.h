@@ -10,45 +10,15 @@
 // same noise, and MTP on == MTP off token for token. The draft uses the same noise with its own
 // distribution (Gumbel coupling), which keeps acceptance high.
 //
-// "Position" is the 0-based index of the token being produced in the whole sequence, prompt included.
+// "Position" is the 0-based index of the token being produced in the whole sequence, prompt included. The
+// noise functions live in backend/sampling_math.h, where the host and the device share them.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
+#include "puredrive/backend/sampling_math.h"  // splitmix64_mix, noise_bits, noise_uniform, gumbel_noise
+
 namespace pd {
-
-// The splitmix64 output function (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
-constexpr uint64_t splitmix64_mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// 52 random bits -> a double strictly inside (0, 1): (b + 0.5) / 2^52, from 2^-53 to 1 - 2^-53, all exact.
-// Never 0 (so log(u) is finite and "r <= 0" never accepts a zero-probability token) and never 1 (53 bits
-// would round the largest value up to 1).
-constexpr double bits_to_open_unit(uint64_t bits) {
-  return (static_cast<double>(bits >> 12) + 0.5) * 0x1.0p-52;
-}
-
-// Counter-based hash of (seed, position, token). Each field goes through the mixer on its own step so that
-// neighbouring positions or tokens give unrelated outputs.
-constexpr uint64_t noise_bits(uint64_t seed, int64_t position, int32_t token) {
-  uint64_t h = splitmix64_mix(seed + 0x9e3779b97f4a7c15ULL);
-  h = splitmix64_mix(h ^ (static_cast<uint64_t>(position) + 0x632be59bd9b4e019ULL));
-  h = splitmix64_mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) + 0x8cb92ba72f3d8dd7ULL));
-  return h;
-}
-
-inline double noise_uniform(uint64_t seed, int64_t position, int32_t token) {
-  return bits_to_open_unit(noise_bits(seed, position, token));
-}
-
-// Standard Gumbel: -log(-log u), u in (0, 1).
-inline double gumbel_noise(uint64_t seed, int64_t position, int32_t token) {
-  return -std::log(-std::log(noise_uniform(seed, position, token)));
-}
 
 class Rng {
  public:

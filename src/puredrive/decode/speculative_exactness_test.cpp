@@ -209,7 +209,7 @@ TEST(SpeculativeExactness, SeededSpeculationEmitsTheNonSpeculativeSeededTokens) 
 
 // Drafters that ignore distributions, for the greedy rule.
 DrafterFn oracle_drafter(const DistributionFn& target) {
-  return [target](std::span<const int32_t> context, int k, Rng&, DraftBlock* out) -> Status {
+  return [target](std::span<const int32_t> context, int k, Rng&, DraftProposal* out) -> Status {
     std::vector<int32_t> ctx(context.begin(), context.end());
     TokenDistribution d;
     out->tokens.clear();
@@ -225,7 +225,7 @@ DrafterFn oracle_drafter(const DistributionFn& target) {
 
 // Right for a random number m in [0, k] of tokens, then wrong at position m.
 DrafterFn right_then_wrong_drafter(const DistributionFn& target, int vocab) {
-  return [target, vocab](std::span<const int32_t> context, int k, Rng& rng, DraftBlock* out) -> Status {
+  return [target, vocab](std::span<const int32_t> context, int k, Rng& rng, DraftProposal* out) -> Status {
     PD_TRY(oracle_drafter(target)(context, k, rng, out));
     const int m = static_cast<int>(rng.uniform() * (k + 1));
     if (m < k) {

@@ -6,7 +6,7 @@ namespace pd {
 
 DrafterFn chained_drafter(DistributionFn draft, AcceptRule rule, uint64_t seed) {
   return [draft = std::move(draft), rule, seed](std::span<const int32_t> context, int k, Rng& rng,
-                                                DraftBlock* out) -> Status {
+                                                DraftProposal* out) -> Status {
     std::vector<int32_t> ctx(context.begin(), context.end());
     out->tokens.clear();
     out->dists.resize(k);
@@ -40,7 +40,7 @@ Expected<std::vector<int32_t>> generate_speculative(const SpeculativeLoop& loop,
   const int k = loop.num_draft;
   std::vector<int32_t> ctx(prompt.begin(), prompt.end());
   std::vector<int32_t> out;
-  DraftBlock block;
+  DraftProposal block;
   std::vector<TokenDistribution> target(k + 1);
   while (static_cast<int>(out.size()) < num_tokens) {
     PD_TRY(loop.drafter(ctx, k, rng, &block));

@@ -15,7 +15,6 @@
 
 #include "puredrive/decode/accept_stats.h"
 #include "puredrive/decode/acceptance.h"
-#include "puredrive/decode/drafter.h"
 #include "puredrive/decode/sampler.h"
 #include "puredrive/util/status.h"
 
@@ -23,8 +22,16 @@ namespace pd {
 
 using DistributionFn = std::function<Status(std::span<const int32_t> context, TokenDistribution* out)>;
 
-// Proposes k tokens after `context`. Drafters for kGreedy / kSeeded may leave dists empty.
-using DrafterFn = std::function<Status(std::span<const int32_t> context, int k, Rng& rng, DraftBlock* out)>;
+// What a drafter proposes here: the drafts and the distributions they were drawn from (kGreedy / kSeeded
+// drafters may leave dists empty).
+struct DraftProposal {
+  std::vector<int32_t> tokens;           // d_1..d_k
+  std::vector<TokenDistribution> dists;  // q_1..q_k
+};
+
+// Proposes k tokens after `context`.
+using DrafterFn =
+    std::function<Status(std::span<const int32_t> context, int k, Rng& rng, DraftProposal* out)>;
 
 // The usual drafter: chains `draft` on its own proposals and picks each d_j with
 // draw_token(rule, q_j, rng, seed, context.size() + j - 1), as the MTP head does.

@@ -250,6 +250,26 @@ Expected<int64_t> available_memory_bytes() {
   return make_error(ErrorCode::kIo, "/proc/meminfo: no MemAvailable line");
 }
 
+int64_t step_workspace_bytes(const ModelConfig& c, int64_t rows, int64_t logit_rows) {
+  const int64_t H = c.hidden_size, q = int64_t{c.num_attention_heads} * c.head_dim;
+  const int64_t kv = int64_t{c.num_key_value_heads} * c.head_dim;
+  const int64_t E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const bool mtp = c.mtp_num_hidden_layers > 0 || !c.mtp_layers_explicit;
+  // Per row, in floats: ids and positions; residual, normed input, hidden; attention q|gate, k, v, output;
+  // GDN projections and output; MTP fc input, hidden and the drafter's pending hidden.
+  int64_t per_row = 2 + 3 * H + 3 * q + 2 * kv;
+  if (c.num_linear_attention_layers() > 0) {
+    per_row += c.conv_dim() + 2 * int64_t{c.value_dim()} + 2 * int64_t{c.linear_num_value_heads};
+  }
+  if (mtp) per_row += 4 * H;
+  // MoE prefill scratch (backend/cuda/moe_grouped.cu): router logits and the expert lists, the shared gate,
+  // selections and weights, activations and outputs of every selected expert and of the shared one.
+  per_row += 2 * E + 1 + 2 * K + K * (I + H) + Is + H;
+  const int64_t logits = logit_rows * c.vocab_size * (mtp ? 2 : 1);
+  return 4 * (per_row * rows + logits);
+}
+
 Expected<MemoryPlan> plan_context(const ModelConfig& c, const ModelWeights* weights, int64_t requested,
                                   int64_t available, const std::string& where) {
   constexpr int64_t kMinContext = 2;

@@ -80,6 +80,12 @@ Status check_memory_fits(const MemoryPlan& plan, int64_t available, const std::s
 // leave no room for a context of 2 tokens.
 Expected<MemoryPlan> plan_context(const ModelConfig& c, const ModelWeights* weights, int64_t requested,
                                   int64_t available, const std::string& where);
+// Device memory that steps of up to `rows` rows use besides the plan: the model's workspaces (logits for
+// `logit_rows` rows, the MTP head's included) and the MoE scratch of a prefill step (router logits, expert
+// lists, activations and outputs for every (row, expert) pair), plus the MTP drafter's pending rows.
+// Estimated from the config; grows linearly with the prefill chunk.
+int64_t step_workspace_bytes(const ModelConfig& c, int64_t rows, int64_t logit_rows);
+
 // "weights 1.94 GB, KV cache 2.0 GB (32768 tokens), state 1.2 MB, total ..." for startup lines.
 std::string describe_plan(const MemoryPlan& plan);
 

@@ -4,7 +4,8 @@
 // picks one from config.arch (model_types: see supported_model_types() in model/model_config.h).
 //
 // A step is row-exact (docs/DESIGN.md §4.1): row r of an R-row step is bitwise the result of a one-row step
-// at the same position, so decode, verify and prefill all share one code path.
+// at the same position, so decode and verify share one code path; a prefill step (ForwardOptions::prefill)
+// may take faster kernels.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,9 @@ namespace pd {
 
 struct ModelOptions {
   int max_rows = 64;  // the largest R of one step (prefill chunk); workspaces are sized for it
+  // The most rows a step may request all logits for (LogitRows::kAll; verify steps): the logits workspaces
+  // hold this many rows of V floats, so long prefill chunks need not. 0: max_rows.
+  int max_logit_rows = 0;
 };
 
 // Which rows of a step get logits. Prefill usually needs only the last row; verify needs all.
@@ -36,6 +40,13 @@ using TapFn = std::function<void(std::string_view name, const Tensor& t)>;
 struct ForwardOptions {
   LogitRows logits = LogitRows::kAll;
   TapFn tap = nullptr;  // optional
+  // A chunk of a prompt's prefill, never rolled back: the backend's prefill kernels run the products, the MoE
+  // and attention whatever R (backend.h MatmulArgs::prefill), and the GDN layers take the chunked form
+  // (spec §5.7) with chunks aligned to absolute positions and no per-row snapshots, so a prompt split at
+  // multiples of 64 gives the bits of one piece (docs/DESIGN.md §4.6). The rows are then not bitwise those of
+  // one-row steps (§4.1 lets prefill differ), so every prefill of a prompt, speculative or not, must set it
+  // alike.
+  bool prefill = false;
 };
 
 // Views into the model's workspace. forward()'s outputs stay valid until the next forward(); mtp_forward()'s

@@ -1,19 +1,14 @@
 #include "puredrive/model/quantize.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
-#include <thread>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -22,6 +17,7 @@
 #include "puredrive/checkpoint/tensor_names.h"
 #include "puredrive/model/loader.h"
 #include "puredrive/util/mapped_file.h"
+#include "puredrive/util/parallel_jobs.h"
 
 namespace pd {
 namespace {
@@ -101,15 +97,8 @@ struct PlanBuilder {
   std::map<std::string, const TensorInfo*, decltype(&natural_less)> by_cname{&natural_less};
 
   void add_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape, QuantJob* job) {
-    PlannedTensor t;
-    t.name = name;
-    t.dtype = dtype;
-    t.shape = std::move(shape);
-    uint64_t n = dtype_size(dtype);
-    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    t.nbytes = n;
     job->outputs.push_back(plan.tensors.size());
-    plan.tensors.push_back(std::move(t));
+    plan.tensors.push_back(planned_tensor(name, dtype, std::move(shape)));
   }
 
   // A matrix module: source rows (segments) of width `cols`, written as `out_module` with shape
@@ -128,11 +117,8 @@ struct PlanBuilder {
     std::optional<QuantParams> q;
     if (job.cls != ModuleClass::kOther) {
       const QuantParams p = recipe_params(recipe, group_size, job.cls);
-      // mlx-lm's quantize_model: a module is quantized only when its input width is a multiple of the global
-      // group size; the override's own group must divide it too, or mx.quantize would refuse it.
-      if (cols % group_size == 0 && cols % p.group_size == 0) {
-        q = p;
-      } else {
+      q = module_quant_params(recipe, group_size, job.cls, cols);
+      if (!q) {
         plan.notices.push_back(
             fmt::format("{}: input width {} is not a multiple of the group size {}; kept as {}", out_module,
                         cols, cols % group_size != 0 ? group_size : p.group_size, dtype_name(dtype)));
@@ -300,82 +286,6 @@ struct PlanBuilder {
   }
 };
 
-// Where a planned tensor goes.
-struct Placement {
-  size_t shard = 0;
-  uint64_t offset = 0;  // absolute file offset
-};
-
-struct ShardLayout {
-  std::vector<std::string> files;
-  std::vector<std::string> headers;  // length prefix + JSON, per shard
-  std::vector<uint64_t> sizes;
-  std::vector<Placement> placement;  // per planned tensor
-};
-
-ShardLayout layout_shards(const QuantPlan& plan, uint64_t max_shard_bytes) {
-  ShardLayout out;
-  out.placement.resize(plan.tensors.size());
-  std::vector<std::vector<size_t>> shards;
-  uint64_t cur = 0;
-  // Shards hold whole jobs, so a module's codes, scales and biases share a file.
-  for (const auto& job : plan.jobs) {
-    uint64_t bytes = 0;
-    for (size_t i : job.outputs) bytes += plan.tensors[i].nbytes;
-    if (shards.empty() || (cur > 0 && cur + bytes > max_shard_bytes)) {
-      shards.emplace_back();
-      cur = 0;
-    }
-    for (size_t i : job.outputs) shards.back().push_back(i);
-    cur += bytes;
-  }
-  const size_t n = shards.size();
-  for (size_t s = 0; s < n; ++s) {
-    out.files.push_back(n == 1 ? std::string("model.safetensors")
-                               : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, n));
-    auto& order = shards[s];
-    // Decreasing element size keeps every tensor aligned to its element without gaps between tensors.
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return dtype_size(plan.tensors[a].dtype) > dtype_size(plan.tensors[b].dtype);
-    });
-    json h = json::object();
-    h["__metadata__"] = {{"format", "mlx"}};
-    uint64_t off = 0;
-    for (size_t i : order) {
-      const auto& t = plan.tensors[i];
-      h[t.name] = {
-          {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.nbytes}}};
-      out.placement[i] = {s, off};
-      off += t.nbytes;
-    }
-    std::string text = h.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');
-    std::string header;
-    const uint64_t len = text.size();
-    for (int k = 0; k < 8; ++k) header.push_back(static_cast<char>((len >> (8 * k)) & 0xff));
-    header += text;
-    for (size_t i : order) out.placement[i].offset += header.size();
-    out.sizes.push_back(header.size() + off);
-    out.headers.push_back(std::move(header));
-  }
-  return out;
-}
-
-Status pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return make_error(ErrorCode::kIo, "{}: write failed: {}", path, std::strerror(errno));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
-  return Status::ok();
-}
-
 // Drops pages of the mapped input that have been consumed from this process, so that resident memory stays at
 // the chunks in flight rather than growing to the whole checkpoint (the pages stay in the page cache).
 void release_pages(const uint8_t* p, uint64_t n) {
@@ -387,8 +297,7 @@ void release_pages(const uint8_t* p, uint64_t n) {
 
 class Executor {
  public:
-  Executor(const ShardLayout& layout, const std::vector<int>& fds, const std::vector<std::string>& paths)
-      : layout_(layout), fds_(fds), paths_(paths) {}
+  explicit Executor(ShardedWriter& out) : out_(out) {}
 
   Status run_job(const QuantJob& job) { return job.quant ? quantize_job(job) : copy_job(job); }
 
@@ -416,8 +325,7 @@ class Executor {
   }
 
   Status write(size_t tensor, uint64_t byte_offset, const void* data, size_t n) {
-    const Placement& p = layout_.placement[tensor];
-    return pwrite_all(fds_[p.shard], data, n, p.offset + byte_offset, paths_[p.shard]);
+    return out_.write(tensor, byte_offset, data, n);
   }
 
   Status copy_job(const QuantJob& job) {
@@ -470,9 +378,7 @@ class Executor {
         });
   }
 
-  const ShardLayout& layout_;
-  const std::vector<int>& fds_;
-  const std::vector<std::string>& paths_;
+  ShardedWriter& out_;
 };
 
 uint64_t job_input_bytes(const QuantJob& job) {
@@ -618,6 +524,15 @@ QuantParams recipe_params(QuantRecipe r, int group_size, ModuleClass c) {
   return recipe_global(r, group_size);
 }
 
+std::optional<QuantParams> module_quant_params(QuantRecipe r, int group_size, ModuleClass c, int64_t cols) {
+  if (c == ModuleClass::kOther) return std::nullopt;
+  const QuantParams p = recipe_params(r, group_size, c);
+  // mlx-lm's quantize_model: a module is quantized only when its input width is a multiple of the global
+  // group size; the override's own group must divide it too, or mx.quantize would refuse it.
+  if (cols % group_size != 0 || cols % p.group_size != 0) return std::nullopt;
+  return p;
+}
+
 Expected<QuantPlan> plan_quantization(const ModelConfig& config, const TensorStore& store, QuantRecipe recipe,
                                       int group_size) {
   if (group_size != 32 && group_size != 64 && group_size != 128) {
@@ -630,6 +545,17 @@ Expected<QuantPlan> plan_quantization(const ModelConfig& config, const TensorSto
   PlanBuilder b{config, store, recipe, recipe == QuantRecipe::kOq6e ? 64 : group_size, {}};
   PD_TRY(b.run());
   return std::move(b.plan);
+}
+
+Expected<std::string> mlx_config_text(const std::string& input_config, const QuantPlan& plan) {
+  json cfg = json::parse(input_config, nullptr, false);
+  if (cfg.is_discarded() || !cfg.is_object())
+    return make_error(ErrorCode::kInvalidArgument, "not a JSON object");
+  // mlx-lm drops vision_config, since the tower is not written, and repeats the block as quantization_config.
+  cfg.erase("vision_config");
+  cfg["quantization"] = quant_block(plan);
+  cfg["quantization_config"] = cfg["quantization"];
+  return cfg.dump(4) + "\n";
 }
 
 Expected<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
@@ -647,39 +573,12 @@ Expected<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
     if (!bound) return make_error(bound.status().code(), "input: {}", bound.status().message());
   }
   PD_ASSIGN_OR_RETURN(QuantPlan plan, plan_quantization(config, store, o.recipe, o.group_size));
-  const ShardLayout layout = layout_shards(plan, o.max_shard_bytes);
-
-  fs::create_directories(out, ec);
-  if (ec) return make_error(ErrorCode::kIo, "{}: cannot create: {}", o.out_dir, ec.message());
-  // Stale shards of an earlier run would be picked up by a later open of the directory.
-  for (const auto& e : fs::directory_iterator(out, ec)) {
-    const std::string n = e.path().filename().string();
-    if (ends_with(n, ".safetensors") || n == "model.safetensors.index.json") fs::remove(e.path(), ec);
-  }
-
-  std::vector<int> fds;
-  std::vector<std::string> paths;
-  auto close_all = [&] {
-    for (int fd : fds) ::close(fd);
-  };
-  for (size_t s = 0; s < layout.files.size(); ++s) {
-    paths.push_back((out / layout.files[s]).string());
-    const int fd = ::open(paths.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      close_all();
-      return make_error(ErrorCode::kIo, "{}: cannot create: {}", paths.back(), std::strerror(errno));
-    }
-    fds.push_back(fd);
-    Status st = pwrite_all(fd, layout.headers[s].data(), layout.headers[s].size(), 0, paths.back());
-    if (st.is_ok() && ::ftruncate(fd, static_cast<off_t>(layout.sizes[s])) != 0) {
-      st = make_error(ErrorCode::kIo, "{}: cannot size to {} bytes: {}", paths.back(), layout.sizes[s],
-                      std::strerror(errno));
-    }
-    if (!st.is_ok()) {
-      close_all();
-      return st;
-    }
-  }
+  std::vector<std::vector<size_t>> groups;
+  for (const auto& job : plan.jobs) groups.push_back(job.outputs);
+  ShardingOptions sharding;
+  sharding.max_shard_bytes = o.max_shard_bytes;
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<ShardedWriter> writer,
+                      ShardedWriter::create(o.out_dir, plan.tensors, groups, sharding));
 
   // Largest jobs first, so that the last thread to finish is not the one that picked up the embedding.
   std::vector<size_t> order(plan.jobs.size());
@@ -687,79 +586,40 @@ Expected<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return job_input_bytes(plan.jobs[a]) > job_input_bytes(plan.jobs[b]);
   });
-  Executor exec(layout, fds, paths);
+  Executor exec(*writer);
   // Progress counts the input the jobs read (the vision tower and a tied lm_head are not read).
   uint64_t bytes_total = 0;
   for (const auto& j : plan.jobs) bytes_total += job_input_bytes(j);
-  std::atomic<size_t> next{0}, done{0};
+  std::atomic<size_t> done{0};
   std::atomic<uint64_t> bytes_done{0};
-  std::atomic<bool> failed{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  Status first_error;
-  const int nthreads = std::max(1, std::min<int>(o.threads, static_cast<int>(plan.jobs.size())));
-  std::vector<std::thread> threads;
-  for (int t = 0; t < nthreads; ++t) {
-    threads.emplace_back([&] {
-      while (!failed.load()) {
-        const size_t k = next.fetch_add(1);
-        if (k >= order.size()) break;
+  const Status ran = run_parallel_jobs(
+      order.size(), o.threads,
+      [&](size_t k) {
         const QuantJob& job = plan.jobs[order[k]];
-        Status st = exec.run_job(job);
-        if (!st.is_ok()) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (first_error.is_ok()) first_error = st;
-          failed.store(true);
-        }
+        if (Status st = exec.run_job(job); !st) return st;
         bytes_done.fetch_add(job_input_bytes(job));
         done.fetch_add(1);
-        cv.notify_all();
-      }
-    });
-  }
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    while (done.load() < order.size() && !failed.load()) {
-      cv.wait_for(lock, std::chrono::milliseconds(250));
-      if (o.progress) o.progress({done.load(), order.size(), bytes_done.load(), bytes_total});
-    }
-  }
-  for (auto& th : threads) th.join();
-  if (o.progress) o.progress({done.load(), order.size(), bytes_done.load(), bytes_total});
-  for (size_t s = 0; s < fds.size(); ++s) {
-    if (::fsync(fds[s]) != 0 && first_error.is_ok()) {
-      first_error = make_error(ErrorCode::kIo, "{}: fsync failed: {}", paths[s], std::strerror(errno));
-    }
-  }
-  close_all();
-  if (!first_error.is_ok()) return first_error;
+        return Status::ok();
+      },
+      [&] {
+        if (o.progress) o.progress({done.load(), order.size(), bytes_done.load(), bytes_total});
+      });
+  PD_TRY(ran);
+  PD_TRY(writer->finish());
 
   QuantizeSummary sum;
   sum.input_bytes = plan.input_bytes;
-  json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
-  uint64_t total = 0;
-  for (size_t i = 0; i < plan.tensors.size(); ++i) {
-    index["weight_map"][plan.tensors[i].name] = layout.files[layout.placement[i].shard];
-    total += plan.tensors[i].nbytes;
-  }
-  index["metadata"]["total_size"] = total;
-  PD_TRY(write_text(out / "model.safetensors.index.json", index.dump(4) + "\n"));
-  for (uint64_t s : layout.sizes) sum.output_bytes += s;
-  sum.files = layout.files;
+  sum.output_bytes = writer->file_bytes();
+  sum.files = writer->files();
   sum.tensors_written = plan.tensors.size();
   for (const auto& j : plan.jobs) sum.modules_quantized += j.quant ? 1 : 0;
 
   // config.json: the input's, with the quantization block mlx-lm writes (and its copy under
   // quantization_config). mlx-lm also drops vision_config, since the tower is not written.
   PD_ASSIGN_OR_RETURN(std::string text, read_text_file((in / "config.json").string()));
-  json cfg = json::parse(text, nullptr, false);
-  if (cfg.is_discarded() || !cfg.is_object()) {
-    return make_error(ErrorCode::kInvalidArgument, "{}/config.json: not a JSON object", o.model_dir);
-  }
-  cfg.erase("vision_config");
-  cfg["quantization"] = quant_block(plan);
-  cfg["quantization_config"] = cfg["quantization"];
-  PD_TRY(write_text(out / "config.json", cfg.dump(4) + "\n"));
+  auto cfg = mlx_config_text(text, plan);
+  if (!cfg) return make_error(cfg.status().code(), "{}/config.json: {}", o.model_dir, cfg.status().message());
+  PD_TRY(write_text(out / "config.json", *cfg));
   for (const char* f : kCopiedFiles) {
     if (!fs::exists(in / f)) continue;
     fs::copy_file(in / f, out / f, fs::copy_options::overwrite_existing, ec);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "puredrive/checkpoint/safetensors.h"
+#include "puredrive/checkpoint/sharded_writer.h"
 #include "puredrive/model/model_config.h"
 #include "puredrive/util/status.h"
 
@@ -50,14 +51,9 @@ ModuleClass classify_module(const std::string& canonical_module);
 QuantParams recipe_params(QuantRecipe r, int group_size, ModuleClass c);
 // The recipe's global parameters, written as the `quantization` block's bits / group_size.
 QuantParams recipe_global(QuantRecipe r, int group_size);
-
-// One output tensor of the plan.
-struct PlannedTensor {
-  std::string name;  // as written (mlx-lm spelling)
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  uint64_t nbytes = 0;
-};
+// What the recipe does with a module of input width `cols`: its parameters, or nullopt when it stays in float
+// (not quantizable, or `cols` not a multiple of the global group size (oq6e: 64) and of its own group).
+std::optional<QuantParams> module_quant_params(QuantRecipe r, int group_size, ModuleClass c, int64_t cols);
 
 // One unit of work: a quantized module (codes, scales, biases) or one float tensor copied (possibly
 // re-stacked, re-shaped or with 1 + w folded in).
@@ -81,7 +77,7 @@ struct QuantJob {
 };
 
 struct QuantPlan {
-  std::vector<PlannedTensor> tensors;
+  std::vector<PlannedTensor> tensors;  // names as written (mlx-lm spelling)
   std::vector<QuantJob> jobs;
   // The `quantization` block: bits, group_size, mode and the per-module overrides (mlx-lm module paths).
   QuantParams global;
@@ -94,6 +90,10 @@ struct QuantPlan {
 // is a complete float checkpoint (the loader binds it) and that nothing is already quantized.
 Expected<QuantPlan> plan_quantization(const ModelConfig& config, const TensorStore& store, QuantRecipe recipe,
                                       int group_size);
+
+// config.json of the converted checkpoint: the input's (text), without vision_config, with the `quantization`
+// block mlx-lm writes (and its copy under quantization_config).
+Expected<std::string> mlx_config_text(const std::string& input_config, const QuantPlan& plan);
 
 struct QuantizeProgress {
   size_t jobs_done = 0;

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -145,8 +146,8 @@ class Binder {
 
 class Qwen35Moe final : public Model {
  public:
-  Qwen35Moe(const ModelConfig& c, const Dims& d, Backend& be, int max_rows)
-      : config_(c), d_(d), be_(be), max_rows_(max_rows) {}
+  Qwen35Moe(const ModelConfig& c, const Dims& d, Backend& be, int max_rows, int max_logit_rows)
+      : config_(c), d_(d), be_(be), max_rows_(max_rows), max_logit_rows_(max_logit_rows) {}
 
   Status bind(const ModelWeights& w);
   Status allocate_workspace();
@@ -170,16 +171,18 @@ class Qwen35Moe final : public Model {
     GdnState gdn = {};
     GdnSnapshots snapshots = {};
     int32_t kv_length = 0;  // the step's last position + 1
+    int32_t first_position = 0;
   };
 
   Status check_rows(std::span<const int32_t> tokens, std::span<const int32_t> positions, int first,
-                    int capacity, const char* what) const;
-  Status decoder_layer(const LayerIds& w, const LayerCaches& cache, const Tensor& h, int64_t rows);
+                    int capacity, LogitRows logits, const char* what) const;
+  Status decoder_layer(const LayerIds& w, const LayerCaches& cache, const Tensor& h, int64_t rows,
+                       bool prefill);
   Status attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& u, const Tensor& out,
-                   int64_t rows);
+                   int64_t rows, bool prefill);
   Status gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& u, const Tensor& out,
-                         int64_t rows);
-  Expected<Tensor> lm_head(const Tensor& hidden, const Buffer& logits, LogitRows which);
+                         int64_t rows, bool prefill);
+  Expected<Tensor> lm_head(const Tensor& hidden, const Buffer& logits, const ForwardOptions& o);
   static void tap(const ForwardOptions& o, const std::string& name, const Tensor& t) {
     if (o.tap) o.tap(name, t);
   }
@@ -189,13 +192,14 @@ class Qwen35Moe final : public Model {
   Dims d_;
   Backend& be_;
   int max_rows_;
+  int max_logit_rows_;
 
   MatrixId embed_tokens_, lm_head_;
   VectorId final_norm_;
   std::vector<LayerIds> layers_;
   MtpIds mtp_;
 
-  // Workspace, [max_rows, ...] each.
+  // Workspace, [max_rows, ...] each; the logits [max_logit_rows, V].
   struct Workspace {
     Buffer tokens, positions;            // I32 [M, 1]
     Buffer x, u;                         // [M, H]: residual stream, normed input
@@ -263,20 +267,26 @@ Status Qwen35Moe::allocate_workspace() {
     PD_TRY(f32(&ws_.gdn, config_.value_dim()));
   }
   PD_TRY(f32(&ws_.hidden, H));
-  PD_TRY(f32(&ws_.logits, d_.vocab));
+  PD_ASSIGN_OR_RETURN(ws_.logits, be_.alloc(DType::kF32, max_logit_rows_, d_.vocab));
   if (has_mtp()) {
     PD_TRY(f32(&ws_.cat, 2 * H));
     PD_TRY(f32(&ws_.mtp_hidden, H));
-    PD_TRY(f32(&ws_.mtp_logits, d_.vocab));
+    PD_ASSIGN_OR_RETURN(ws_.mtp_logits, be_.alloc(DType::kF32, max_logit_rows_, d_.vocab));
   }
   return Status::ok();
 }
 
 Status Qwen35Moe::check_rows(std::span<const int32_t> tokens, std::span<const int32_t> positions, int first,
-                             int capacity, const char* what) const {
+                             int capacity, LogitRows logits, const char* what) const {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0 || n > max_rows_) {
     return make_error(ErrorCode::kInvalidArgument, "{}: {} rows; a step takes 1..{}", what, n, max_rows_);
+  }
+  if (logits == LogitRows::kAll && n > max_logit_rows_) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: logits of all {} rows requested; the model keeps logits for at most {} rows "
+                      "(ModelOptions::max_logit_rows)",
+                      what, n, max_logit_rows_);
   }
   if (positions.size() != tokens.size()) {
     return make_error(ErrorCode::kInvalidArgument, "{}: {} tokens but {} positions", what, n,
@@ -296,26 +306,27 @@ Status Qwen35Moe::check_rows(std::span<const int32_t> tokens, std::span<const in
 }
 
 // h = h + mixer(input_layernorm(h)); h = h + moe(post_attention_layernorm(h))   (spec §7)
-Status Qwen35Moe::decoder_layer(const LayerIds& w, const LayerCaches& cache, const Tensor& h, int64_t n) {
+Status Qwen35Moe::decoder_layer(const LayerIds& w, const LayerCaches& cache, const Tensor& h, int64_t n,
+                                bool prefill) {
   const Tensor u = rows(ws_.u, n);
   // The mixers' output products and the MoE block add into h themselves (Accum::kAdd): one rounding per
   // element, as h + mix.
   PD_TRY(be_.rms_norm({.x = h, .weight = w.input_layernorm, .eps = d_.eps, .out = u}));
   if (w.type == LayerType::kLinearAttention) {
-    PD_TRY(gated_delta_net(w.gdn, cache, u, h, n));
+    PD_TRY(gated_delta_net(w.gdn, cache, u, h, n, prefill));
   } else {
-    PD_TRY(attention(w.attn, cache, u, h, n));
+    PD_TRY(attention(w.attn, cache, u, h, n, prefill));
   }
   PD_TRY(be_.rms_norm({.x = h, .weight = w.post_attention_layernorm, .eps = d_.eps, .out = u}));
-  return be_.moe({.moe = w.moe, .x = u, .out = h, .accum = Accum::kAdd});
+  return be_.moe({.moe = w.moe, .x = u, .out = h, .accum = Accum::kAdd, .prefill = prefill});
 }
 
 // Gated attention (spec §4): out = o_proj((softmax(q k^T / sqrt(D)) v) * sigmoid(gate)).
 Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& u,
-                            const Tensor& out, int64_t n) {
+                            const Tensor& out, int64_t n, bool prefill) {
   const Tensor qg = rows(ws_.qg, n), k = rows(ws_.k, n), v = rows(ws_.v, n), a = rows(ws_.attn, n);
   const MatmulTarget proj[] = {{w.q_proj, qg}, {w.k_proj, k}, {w.v_proj, v}};
-  PD_TRY(be_.matmuls({.x = u, .targets = proj}));
+  PD_TRY(be_.matmuls({.x = u, .targets = proj, .prefill = prefill}));
   PD_TRY(be_.gated_attention({.dims = d_.attn,
                               .qg = qg,
                               .k = k,
@@ -325,17 +336,18 @@ Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, con
                               .positions = rows(ws_.positions, n),
                               .kv_length = cache.kv_length,
                               .cache = cache.kv,
-                              .out = a}));
-  return be_.matmul({.w = w.o_proj, .x = a, .out = out, .accum = Accum::kAdd});
+                              .out = a,
+                              .prefill = prefill}));
+  return be_.matmul({.w = w.o_proj, .x = a, .out = out, .accum = Accum::kAdd, .prefill = prefill});
 }
 
 // Gated DeltaNet (spec §5): projections, then conv + delta rule + gated norm in one op, then out_proj.
 Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& u,
-                                  const Tensor& out, int64_t n) {
+                                  const Tensor& out, int64_t n, bool prefill) {
   const Tensor qkv = rows(ws_.qkv, n), z = rows(ws_.z, n), b = rows(ws_.b, n), a = rows(ws_.a, n);
   const Tensor core = rows(ws_.gdn, n);
   const MatmulTarget proj[] = {{w.in_proj_qkv, qkv}, {w.in_proj_z, z}, {w.in_proj_b, b}, {w.in_proj_a, a}};
-  PD_TRY(be_.matmuls({.x = u, .targets = proj}));
+  PD_TRY(be_.matmuls({.x = u, .targets = proj, .prefill = prefill}));
   PD_TRY(be_.gated_delta_net({.dims = d_.gdn,
                               .qkv = qkv,
                               .z = z,
@@ -347,26 +359,28 @@ Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, con
                               .norm = w.norm,
                               .state = cache.gdn,
                               .snapshots = cache.snapshots,
-                              .out = core}));
-  return be_.matmul({.w = w.out_proj, .x = core, .out = out, .accum = Accum::kAdd});
+                              .out = core,
+                              .prefill = prefill,
+                              .position = cache.first_position}));
+  return be_.matmul({.w = w.out_proj, .x = core, .out = out, .accum = Accum::kAdd, .prefill = prefill});
 }
 
-Expected<Tensor> Qwen35Moe::lm_head(const Tensor& hidden, const Buffer& logits, LogitRows which) {
-  if (which == LogitRows::kNone) return Tensor{};
-  const Tensor x = which == LogitRows::kLast ? hidden.row_slice(hidden.rows - 1, 1) : hidden;
+Expected<Tensor> Qwen35Moe::lm_head(const Tensor& hidden, const Buffer& logits, const ForwardOptions& o) {
+  if (o.logits == LogitRows::kNone) return Tensor{};
+  const Tensor x = o.logits == LogitRows::kLast ? hidden.row_slice(hidden.rows - 1, 1) : hidden;
   const Tensor out = rows(logits, x.rows);
-  PD_TRY(be_.matmul({.w = lm_head_, .x = x, .out = out}));
+  PD_TRY(be_.matmul({.w = lm_head_, .x = x, .out = out, .prefill = o.prefill}));
   return out;
 }
 
 Expected<StepOutput> Qwen35Moe::forward(SequenceState& st, std::span<const int32_t> tokens,
                                         std::span<const int32_t> positions, const ForwardOptions& o) {
-  PD_TRY(check_rows(tokens, positions, st.length(), st.capacity(), "forward"));
+  PD_TRY(check_rows(tokens, positions, st.length(), st.capacity(), o.logits, "forward"));
   const int64_t n = static_cast<int64_t>(tokens.size());
   PD_TRY(be_.upload(rows(ws_.tokens, n), tokens.data()));
   PD_TRY(be_.upload(rows(ws_.positions, n), positions.data()));
-  // Per-row GDN snapshots make every row of a verify step a rollback point.
-  const bool snapshots = n > 1 && n <= st.max_rows();
+  // Per-row GDN snapshots make every row of a verify step a rollback point; prefill rows are none.
+  const bool snapshots = !o.prefill && n > 1 && n <= st.max_rows();
 
   const Tensor h = rows(ws_.x, n);
   PD_TRY(be_.embed({.table = embed_tokens_, .tokens = rows(ws_.tokens, n), .out = h}));
@@ -375,19 +389,20 @@ Expected<StepOutput> Qwen35Moe::forward(SequenceState& st, std::span<const int32
     const int li = static_cast<int>(l);
     LayerCaches cache;
     cache.kv_length = positions.back() + 1;
+    cache.first_position = positions.front();
     if (layers_[l].type == LayerType::kFullAttention) {
       cache.kv = st.kv(li);
     } else {
       cache.gdn = st.gdn(li);
       if (snapshots) cache.snapshots = st.snapshots(li);
     }
-    PD_TRY(decoder_layer(layers_[l], cache, h, n));
+    PD_TRY(decoder_layer(layers_[l], cache, h, n, o.prefill));
     tap(o, fmt::format("L{}.out", l), h);
   }
   const Tensor hidden = rows(ws_.hidden, n);
   PD_TRY(be_.rms_norm({.x = h, .weight = final_norm_, .eps = d_.eps, .out = hidden}));
   tap(o, "final_hidden", hidden);
-  PD_ASSIGN_OR_RETURN(Tensor logits, lm_head(hidden, ws_.logits, o.logits));
+  PD_ASSIGN_OR_RETURN(Tensor logits, lm_head(hidden, ws_.logits, o));
   st.commit_step(static_cast<int>(n), snapshots);
   return StepOutput{.logits = logits, .hidden = hidden};
 }
@@ -405,7 +420,7 @@ Expected<StepOutput> Qwen35Moe::mtp_forward(SequenceState& st, std::span<const i
                       "mtp_forward: first position {} leaves a gap after the {} cached MTP positions", first,
                       st.mtp_length());
   }
-  PD_TRY(check_rows(tokens, positions, first, st.capacity(), "mtp_forward"));
+  PD_TRY(check_rows(tokens, positions, first, st.capacity(), o.logits, "mtp_forward"));
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t H = d_.hidden;
   if (hidden.dtype != DType::kF32 || hidden.rows != n || hidden.cols != H) {
@@ -425,14 +440,14 @@ Expected<StepOutput> Qwen35Moe::mtp_forward(SequenceState& st, std::span<const i
   PD_TRY(be_.rms_norm(
       {.x = hidden, .weight = mtp_.pre_fc_norm_hidden, .eps = d_.eps, .out = cat.col_slice(H, H)}));
   const Tensor h = rows(ws_.x, n);
-  PD_TRY(be_.matmul({.w = mtp_.fc, .x = cat, .out = h}));
+  PD_TRY(be_.matmul({.w = mtp_.fc, .x = cat, .out = h, .prefill = o.prefill}));
   tap(o, "mtp.fc", h);
-  PD_TRY(decoder_layer(mtp_.layer, {.kv = st.mtp_kv(0), .kv_length = positions.back() + 1}, h, n));
+  PD_TRY(decoder_layer(mtp_.layer, {.kv = st.mtp_kv(0), .kv_length = positions.back() + 1}, h, n, o.prefill));
   tap(o, "mtp.L0.out", h);
   const Tensor out = rows(ws_.mtp_hidden, n);
   PD_TRY(be_.rms_norm({.x = h, .weight = mtp_.norm, .eps = d_.eps, .out = out}));
   tap(o, "mtp.hidden", out);
-  PD_ASSIGN_OR_RETURN(Tensor logits, lm_head(out, ws_.mtp_logits, o.logits));
+  PD_ASSIGN_OR_RETURN(Tensor logits, lm_head(out, ws_.mtp_logits, o));
   st.commit_mtp(first, static_cast<int>(n));
   return StepOutput{.logits = logits, .hidden = out};
 }
@@ -455,12 +470,15 @@ CacheSpec qwen3_5_moe_cache_spec(const ModelConfig& c, int mtp_layers) {
 
 Expected<std::unique_ptr<Model>> create_qwen3_5_moe(const ModelConfig& config, const ModelWeights& weights,
                                                     Backend& backend, const ModelOptions& options) {
-  if (options.max_rows <= 0) {
-    return make_error(ErrorCode::kInvalidArgument, "max rows per step must be positive, got {}",
-                      options.max_rows);
+  if (options.max_rows <= 0 || options.max_logit_rows < 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "max rows per step must be positive and max logit rows not negative, got {} and {}",
+                      options.max_rows, options.max_logit_rows);
   }
   PD_ASSIGN_OR_RETURN(Dims d, make_dims(config));
-  auto m = std::make_unique<Qwen35Moe>(config, d, backend, options.max_rows);
+  const int logit_rows =
+      options.max_logit_rows == 0 ? options.max_rows : std::min(options.max_logit_rows, options.max_rows);
+  auto m = std::make_unique<Qwen35Moe>(config, d, backend, options.max_rows, logit_rows);
   PD_TRY(m->bind(weights));
   PD_TRY(m->allocate_workspace());
   return std::unique_ptr<Model>(std::move(m));

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "puredrive/server/anthropic_format.h"
 #include "puredrive/server/stream_writer.h"
 #include "puredrive/util/log.h"
 
@@ -77,16 +78,21 @@ Reply ApiService::error(const ApiError& error, std::string_view endpoint, std::s
   // Messages quote client text through echo(); this bounds whatever slipped through.
   e.message = echo(e.message, kMaxErrorMessageBytes);
   metrics_.on_error(e.code.empty() ? e.type : e.code);
-  const std::string id = request_id.empty() ? "-" : std::string(request_id);
-  if (e.status >= 500) {
-    PD_LOG_ERROR("{} {} {} {}: {}", id, endpoint, e.status, e.type, log_safe(e.message));
+  Reply r;
+  if (anthropic_endpoint(endpoint)) {
+    r.status = anthropic_status(e);
+    r.body = dump_json(anthropic_error_json(e));
   } else {
-    PD_LOG_WARN("{} {} {} {}: {}", id, endpoint, e.status, e.code.empty() ? e.type : e.code,
+    r.status = e.status;
+    r.body = e.to_json();
+  }
+  const std::string id = request_id.empty() ? "-" : std::string(request_id);
+  if (r.status >= 500) {
+    PD_LOG_ERROR("{} {} {} {}: {}", id, endpoint, r.status, e.type, log_safe(e.message));
+  } else {
+    PD_LOG_WARN("{} {} {} {}: {}", id, endpoint, r.status, e.code.empty() ? e.type : e.code,
                 log_safe(e.message));
   }
-  Reply r;
-  r.status = e.status;
-  r.body = e.to_json();
   return r;
 }
 
@@ -106,6 +112,27 @@ std::optional<Reply> ApiService::refuse_untokenizable(size_t text_bytes, std::st
                                   ctx, text_bytes, ctx),
                       std::string(param), "context_length_exceeded"),
       endpoint, id);
+}
+
+std::variant<PromptTokens, Reply> ApiService::render_prompt(const ChatPrompt& prompt,
+                                                            std::string_view endpoint,
+                                                            std::string_view request_id) const {
+  // Only what every chat template renders whole counts: earlier assistant turns may be shortened.
+  size_t text_bytes = 0;
+  for (const ChatMessage& m : prompt.messages) {
+    if (m.role != "assistant") text_bytes += m.content.size();
+  }
+  if (auto refusal = refuse_untokenizable(text_bytes, "messages", endpoint, request_id)) {
+    return std::move(*refusal);
+  }
+  auto tokens = frontend_.prompts->render_chat(prompt);
+  if (tokens) return std::move(*tokens);
+  ApiError e = error_from_status(tokens.status());
+  if (e.status == 400) {
+    e.param = "messages";
+    e.code = "invalid_prompt";
+  }
+  return error(e, endpoint, request_id);
 }
 
 std::variant<ApiService::Admitted, Reply> ApiService::admit(GenerationRequest request,
@@ -187,10 +214,10 @@ std::optional<GenerationResult> ApiService::pump(Admitted& a, StreamWriter& writ
   while (!gone) {
     auto ev = a.handle->next(options_.poll_interval);
     if (!ev) {
-      // Comments keep proxies and clients from timing out during long prefills and queue waits; a failed
-      // write or a closed socket means the client left.
+      // Keep-alives keep proxies and clients from timing out during long prefills and queue waits; a
+      // failed write or a closed socket means the client left.
       if (writer.since_last_write() >= options_.keepalive_interval) {
-        gone = !writer.raw(sse_comment("keep-alive"));
+        gone = !writer.keepalive();
       } else {
         gone = !writer.client().alive();
       }

@@ -1,8 +1,10 @@
-// The OpenAI-compatible API, independent of the HTTP library: each endpoint takes the request body and the
-// client connection and returns a Reply (status, headers, body, or a function that streams the body as
-// server-sent events). http_server.cpp serves it over HTTP; tests can call it directly.
+// The OpenAI-compatible API and Anthropic's Messages API, independent of the HTTP library: each endpoint
+// takes the request body and the client connection and returns a Reply (status, headers, body, or a function
+// that streams the body as server-sent events). http_server.cpp serves it over HTTP; tests can call it
+// directly.
 //
-// A generation request goes: parse + validate (chat_request / completion_request) -> PromptBuilder ->
+// A generation request goes: parse + validate (chat_request / completion_request / anthropic_request) ->
+// PromptBuilder ->
 // context check -> Scheduler::submit -> events -> OutputParser (chat) -> JSON or SSE chunks. The HTTP thread
 // only waits on the request's event queue; the connection cancels the generation as soon as its client is
 // gone (ClientConnection::on_gone), and the waiting thread checks the client between events as well.
@@ -16,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "puredrive/server/anthropic_request.h"
 #include "puredrive/server/api_error.h"
 #include "puredrive/server/chat_request.h"
 #include "puredrive/server/completion_request.h"
@@ -70,11 +73,15 @@ class ApiService {
 
   Reply chat_completions(std::string_view body, ClientConnection& client);
   Reply completions(std::string_view body, ClientConnection& client);
+  // Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens (messages_endpoint.cpp).
+  Reply messages(std::string_view body, ClientConnection& client);
+  Reply count_message_tokens(std::string_view body);
   Reply list_models() const;
   Reply get_model(std::string_view id) const;
   Reply health() const;
   Reply metrics() const;
-  // An OpenAI error reply, logged with its cause and counted by type.
+  // An error reply, logged with its cause and counted by type; in Anthropic's shape for the Anthropic
+  // endpoints (anthropic_endpoint()), else in OpenAI's.
   Reply error(const ApiError& e, std::string_view endpoint, std::string_view request_id = "") const;
 
  private:
@@ -103,6 +110,9 @@ class ApiService {
   // The refusal of a prompt whose text (text_bytes) cannot fit the context whatever its tokenization.
   std::optional<Reply> refuse_untokenizable(size_t text_bytes, std::string_view param,
                                             std::string_view endpoint, std::string_view id) const;
+  // The chat template applied to a prompt, or the error reply (400 invalid_prompt when the template refused).
+  std::variant<PromptTokens, Reply> render_prompt(const ChatPrompt& prompt, std::string_view endpoint,
+                                                  std::string_view request_id) const;
   // Context check, submit, or the error reply.
   std::variant<Admitted, Reply> admit(GenerationRequest request, std::vector<std::string> stop,
                                       std::optional<int32_t> max_tokens, std::string_view endpoint);
@@ -117,6 +127,7 @@ class ApiService {
 
   Reply stream_chat(Admitted a, ChatRequest req, PromptTokens prompt);
   Reply stream_completion(Admitted a, CompletionRequest req, std::string echo_text);
+  Reply stream_messages(Admitted a, MessagesRequest req, PromptTokens prompt);
 
   ServiceOptions options_;
   Scheduler& scheduler_;

@@ -18,7 +18,7 @@ std::vector<nlohmann::json> ChatDeltaBuilder::update(const ParsedOutput& parsed)
     const ParsedToolCall& call = parsed.tool_calls[i];
     if (i == calls_.size()) {
       CallState fresh;
-      fresh.id = new_id("call_");
+      fresh.id = new_id(id_prefix_);
       calls_.push_back(std::move(fresh));
     }
     CallState& state = calls_[i];

@@ -15,6 +15,9 @@ namespace pd::server {
 
 class ChatDeltaBuilder {
  public:
+  // Tool call ids are id_prefix followed by random characters ("call_" for OpenAI, "toolu_" for Anthropic).
+  explicit ChatDeltaBuilder(std::string id_prefix = "call_") : id_prefix_(std::move(id_prefix)) {}
+
   // The deltas that take the client from the previous parse to this one, in order; empty if nothing new.
   std::vector<nlohmann::json> update(const ParsedOutput& parsed);
   // Ids ("call_...") of the tool calls announced so far, by index.
@@ -26,6 +29,7 @@ class ChatDeltaBuilder {
     bool announced = false;
     size_t arguments_sent = 0;
   };
+  std::string id_prefix_;
   size_t reasoning_sent_ = 0;
   size_t content_sent_ = 0;
   std::vector<CallState> calls_;

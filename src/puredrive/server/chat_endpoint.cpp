@@ -10,21 +10,8 @@ namespace {
 
 constexpr std::string_view kEndpoint = "/v1/chat/completions";
 
-bool tools_active(const ChatRequest& req) {
-  return !req.prompt.tools.empty() && req.prompt.tool_choice.mode != ToolChoice::Mode::kNone;
-}
-
-ParseOptions parse_options(const ChatRequest& req) {
-  ParseOptions o;
-  o.tools = tools_active(req);
-  if (o.tools) o.tools_json = req.prompt.tools;
-  return o;
-}
-
-// parallel_tool_calls = false: the client handles one call per turn.
 ParsedOutput limit_calls(const ChatRequest& req, ParsedOutput parsed) {
-  if (!req.parallel_tool_calls && parsed.tool_calls.size() > 1) parsed.tool_calls.resize(1);
-  return parsed;
+  return limit_calls(req.parallel_tool_calls, std::move(parsed));
 }
 
 std::optional<Json> chat_logprobs(const ChatRequest& req, const std::vector<TokenLogprob>& lps) {
@@ -38,38 +25,26 @@ Reply ApiService::chat_completions(std::string_view body, ClientConnection& clie
   ChatRequest req;
   if (auto err = parse_chat_request(body, limits_, &req)) return error(*err, kEndpoint);
   const std::string id = new_id("chatcmpl-");
-  // Only what every chat template renders whole counts: earlier assistant turns may be shortened.
-  size_t text_bytes = 0;
-  for (const ChatMessage& m : req.prompt.messages) {
-    if (m.role != "assistant") text_bytes += m.content.size();
-  }
-  if (auto refusal = refuse_untokenizable(text_bytes, "messages", kEndpoint, id)) return std::move(*refusal);
-  auto prompt = frontend_.prompts->render_chat(req.prompt);
-  if (!prompt) {
-    ApiError e = error_from_status(prompt.status());
-    if (e.status == 400) {
-      e.param = "messages";
-      e.code = "invalid_prompt";
-    }
-    return error(e, kEndpoint, id);
-  }
+  auto rendered = render_prompt(req.prompt, kEndpoint, id);
+  if (auto* reply = std::get_if<Reply>(&rendered)) return std::move(*reply);
+  auto prompt = std::get<PromptTokens>(std::move(rendered));
 
   GenerationRequest g;
   g.id = id;
-  g.prompt_ids = prompt->ids;
+  g.prompt_ids = prompt.ids;
   g.sampling = req.common.sampling;
   g.logprobs = req.logprobs ? req.top_logprobs : -1;
   auto admitted = admit(std::move(g), req.common.stop, req.common.max_tokens, kEndpoint);
   if (auto* reply = std::get_if<Reply>(&admitted)) return std::move(*reply);
   Admitted a = std::get<Admitted>(std::move(admitted));
-  if (req.common.stream) return stream_chat(std::move(a), std::move(req), std::move(*prompt));
+  if (req.common.stream) return stream_chat(std::move(a), std::move(req), std::move(prompt));
 
   auto collected = collect(a, client);
   if (!collected) return client_gone_reply();
   const GenerationResult& r = collected->result;
   if (r.reason == FinishReason::kError || r.reason == FinishReason::kCancelled) return engine_failure(a, r);
 
-  auto turn = frontend_.parser->start_turn(parse_options(req), *prompt);
+  auto turn = frontend_.parser->start_turn(parse_options(req.prompt), prompt);
   turn->feed(collected->text);
   const ParsedOutput parsed = limit_calls(req, turn->finish());
   std::vector<std::string> call_ids;
@@ -100,7 +75,7 @@ Reply ApiService::stream_chat(Admitted admitted, ChatRequest request, PromptToke
         chat_chunk_json(a.meta, Json{{"role", "assistant"}, {"content", ""}}, nullptr, std::nullopt, usage));
 
     ChatDeltaBuilder deltas;
-    auto turn = frontend_.parser->start_turn(parse_options(req), st->prompt);
+    auto turn = frontend_.parser->start_turn(parse_options(req.prompt), st->prompt);
     std::vector<TokenLogprob> pending_logprobs;  // sent with the next chunk
     auto send = [&](const ParsedOutput& parsed) {
       for (const Json& d : deltas.update(parsed)) {

@@ -7,16 +7,6 @@
 namespace pd::server {
 namespace {
 
-bool is_valid_function_name(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (char c : name) {
-    const bool ok =
-        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 // Content: a string, or an array of parts of which only text parts are accepted (text-only model).
 bool read_content(FieldReader& f, const RequestJson& message, const std::string& path, ChatMessage* m) {
   auto it = message.find("content");
@@ -295,6 +285,18 @@ bool reject_unsupported(FieldReader& f) {
 
 }  // namespace
 
+ParseOptions parse_options(const ChatPrompt& prompt) {
+  ParseOptions o;
+  o.tools = !prompt.tools.empty() && prompt.tool_choice.mode != ToolChoice::Mode::kNone;
+  if (o.tools) o.tools_json = prompt.tools;
+  return o;
+}
+
+ParsedOutput limit_calls(bool parallel_tool_calls, ParsedOutput parsed) {
+  if (!parallel_tool_calls && parsed.tool_calls.size() > 1) parsed.tool_calls.resize(1);
+  return parsed;
+}
+
 std::optional<ApiError> parse_chat_request(std::string_view body, const RequestLimits& limits,
                                            ChatRequest* out) {
   RequestJson j;
@@ -337,13 +339,7 @@ std::optional<ApiError> parse_chat_request(std::string_view body, const RequestL
   out->top_logprobs = static_cast<int32_t>(top_logprobs.value_or(0));
   out->parallel_tool_calls = parallel.value_or(true);
 
-  if (const RequestJson* kwargs = f.find("chat_template_kwargs")) {
-    if (!kwargs->is_object()) {
-      f.type_error("chat_template_kwargs", "an object");
-      return f.error();
-    }
-    out->prompt.template_kwargs = *kwargs;
-  }
+  if (!read_template_kwargs(f, &out->prompt.template_kwargs)) return f.error();
   return std::nullopt;
 }
 

@@ -21,4 +21,10 @@ struct ChatRequest {
 std::optional<ApiError> parse_chat_request(std::string_view body, const RequestLimits& limits,
                                            ChatRequest* out);
 
+// How the output of a chat turn is parsed: tool calls are looked for when the prompt offers tools and
+// tool_choice is not none.
+ParseOptions parse_options(const ChatPrompt& prompt);
+// parallel_tool_calls = false: the client handles one call per turn, so only the first is kept.
+ParsedOutput limit_calls(bool parallel_tool_calls, ParsedOutput parsed);
+
 }  // namespace pd::server

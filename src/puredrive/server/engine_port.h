@@ -94,6 +94,9 @@ struct GenerationResult {
   FinishReason reason = FinishReason::kStop;
   GenerationStats stats;
   std::string error;  // kError only: what went wrong, for the log and the client
+  // Set by the scheduler, not the engine: the request's stop string that ended the generation, if one did
+  // (Anthropic's API reports it).
+  std::optional<std::string> stop_string;
 };
 
 class GenerationSink {

@@ -30,6 +30,10 @@ HttpRouter::HttpRouter(std::string api_key, size_t max_body_bytes, ApiService& s
        [&s](const HttpRequest& r, ClientConnection& c) { return s.chat_completions(r.body, c); }},
       {"POST", "/v1/completions", false,
        [&s](const HttpRequest& r, ClientConnection& c) { return s.completions(r.body, c); }},
+      {"POST", "/v1/messages", false,
+       [&s](const HttpRequest& r, ClientConnection& c) { return s.messages(r.body, c); }},
+      {"POST", "/v1/messages/count_tokens", false,  // renders and tokenizes
+       [&s](const HttpRequest& r, ClientConnection&) { return s.count_message_tokens(r.body); }},
       {"GET", "/v1/models", true, [&s](const HttpRequest&, ClientConnection&) { return s.list_models(); }},
       {"GET", "/v1/models/", true,
        [&s](const HttpRequest& r, ClientConnection&) {
@@ -41,7 +45,8 @@ HttpRouter::HttpRouter(std::string api_key, size_t max_body_bytes, ApiService& s
 }
 
 std::string HttpRouter::endpoint_label(std::string_view path) {
-  for (const char* r : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}) {
+  for (const char* r : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                        "/v1/models", "/health", "/metrics"}) {
     if (path == r) return std::string(path);
   }
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -52,7 +57,8 @@ bool HttpRouter::authorized(const HttpRequest& req) const {
   if (api_key_.empty() || req.path.rfind("/v1/", 0) != 0) return true;
   constexpr std::string_view prefix = "Bearer ";
   const std::string_view auth = req.authorization;
-  return auth.substr(0, prefix.size()) == prefix && same_secret(auth.substr(prefix.size()), api_key_);
+  if (auth.substr(0, prefix.size()) == prefix && same_secret(auth.substr(prefix.size()), api_key_)) return true;
+  return !req.x_api_key.empty() && same_secret(req.x_api_key, api_key_);
 }
 
 HttpRouter::Route HttpRouter::route(const HttpRequest& head) const {
@@ -61,8 +67,9 @@ HttpRouter::Route HttpRouter::route(const HttpRequest& head) const {
   if (!authorized(head)) {
     out.early = service_.error(
         api_error(401, "invalid_request_error",
-                  head.authorization.empty()
-                      ? "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'."
+                  head.authorization.empty() && head.x_api_key.empty()
+                      ? "You didn't provide an API key. Send it as 'Authorization: Bearer KEY' or "
+                        "'x-api-key: KEY'."
                       : "Incorrect API key provided.",
                   "invalid_api_key"),
         label);

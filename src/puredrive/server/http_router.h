@@ -18,6 +18,7 @@ struct HttpRequest {
   std::string method;  // as sent, e.g. "POST"
   std::string path;    // the target without its query string
   std::string authorization;
+  std::string x_api_key;  // Anthropic's clients send the key here
   std::string body;
 };
 

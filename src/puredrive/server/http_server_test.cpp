@@ -210,5 +210,39 @@ TEST(HttpServer, BadRequestsLeaveTheServerHealthy) {
   }
 }
 
+// Anthropic's routes: x-api-key as well as Bearer, errors (the HTTP layer's own too) in Anthropic's shape.
+TEST(HttpServer, AnthropicRoutesTakeXApiKeyAndAnswerInAnthropicShape) {
+  ServerSetup setup;
+  setup.api_key = "sekrit";
+  TestServer s(setup);
+  const std::string body = json{{"model", "m"},
+                                {"max_tokens", 16},
+                                {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}}
+                               .dump();
+  auto expect_anthropic_error = [](const testing::HttpReply& r, int status, const char* type) {
+    EXPECT_EQ(r.status, status);
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["type"], "error") << r.body;
+    EXPECT_EQ(j["error"]["type"], type) << r.body;
+  };
+  expect_anthropic_error(s.post("/v1/messages", body), 401, "authentication_error");
+  expect_anthropic_error(s.post("/v1/messages", body, "x-api-key: wrong\r\n"), 401, "authentication_error");
+  expect_anthropic_error(s.get("/v1/messages", "x-api-key: sekrit\r\n"), 405, "invalid_request_error");
+  const std::string anthropic = "x-api-key: sekrit\r\nanthropic-version: 2023-06-01\r\n";
+  auto ok = s.post("/v1/messages", body, anthropic);
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(json::parse(ok.body)["content"][0]["text"], "Hello world");
+  auto count = s.post("/v1/messages/count_tokens", body, anthropic);
+  EXPECT_EQ(count.status, 200) << count.body;
+  EXPECT_GT(json::parse(count.body)["input_tokens"].get<int>(), 0);
+  // x-api-key works on the OpenAI routes too, and Bearer on Anthropic's.
+  EXPECT_EQ(s.get("/v1/models", anthropic).status, 200);
+  EXPECT_EQ(s.post("/v1/messages", body, "Authorization: Bearer sekrit\r\n").status, 200);
+  // The HTTP layer's own errors on Anthropic's routes are in Anthropic's shape too.
+  const auto too_large = s.post("/v1/messages", std::string(2 << 20, ' '), anthropic);
+  EXPECT_EQ(too_large.status, 413);
+  EXPECT_EQ(json::parse(too_large.body)["type"], "error") << too_large.body;
+}
+
 }  // namespace
 }  // namespace pd::server

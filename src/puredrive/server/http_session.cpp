@@ -126,7 +126,10 @@ void Session::on_header(beast::error_code ec) {
       ec == net::error::connection_reset) {
     return close_now();  // too slow or gone: nobody to answer
   }
-  if (ec == http::error::body_limit) return fail(HttpFailure::kBodyTooLarge, "");
+  if (ec == http::error::body_limit) {  // the declared length is over the limit: the head itself is complete
+    const std::string_view target = parser_->get().target();
+    return fail(HttpFailure::kBodyTooLarge, target.substr(0, target.find('?')));
+  }
   if (ec) return fail(HttpFailure::kBadRequest, "");
   const auto& msg = parser_->get();
   request_.method = std::string(msg.method_string());
@@ -141,6 +144,7 @@ void Session::on_header(beast::error_code ec) {
     return fail(HttpFailure::kBadRequest, request_.path);
   }
   request_.authorization = std::string(msg[http::field::authorization]);
+  request_.x_api_key = std::string(msg["x-api-key"]);
   keep_alive_ = parser_->keep_alive() && requests_ + 1 < core_.options.max_requests_per_connection;
 
   route_ = core_.router.route(request_);
@@ -319,7 +323,9 @@ void Session::respond(const Reply& reply, bool close) {
   write(bytes, [self = shared_from_this(), close](bool ok) { self->after_response(close || !ok); });
 }
 
-void Session::fail(HttpFailure f, std::string_view path) {
+void Session::fail(HttpFailure f, std::string_view target_path) {
+  const std::string path(target_path);  // it may point into the parser, which goes now
+  label_ = HttpRouter::endpoint_label(path);
   keep_alive_ = false;
   const bool trim = parser_ && parser_->get().body().capacity() > kTrimAfterBytes;
   parser_.reset();

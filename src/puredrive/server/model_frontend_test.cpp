@@ -229,6 +229,17 @@ TEST(ModelOutputParser, ForcedCallPrefixAndStreamingParse) {
   const ParsedOutput& o2 = t2->finish();
   EXPECT_EQ(o2.reasoning_content, "Let me think.");
   EXPECT_EQ(o2.content, "Hello");
+
+  // A call written before the reasoning closed (and the turn ended there) is still a call, streamed or not.
+  const std::string in_reasoning =
+      "I need the weather.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      "</function>\n</tool_call>";
+  auto t3 = parser.start_turn(options, thinking);
+  for (char c : in_reasoning) t3->feed(std::string(1, c));
+  const ParsedOutput& o3 = t3->finish();
+  EXPECT_EQ(o3.reasoning_content, "I need the weather.");
+  ASSERT_EQ(o3.tool_calls.size(), 1u);
+  EXPECT_EQ(json::parse(o3.tool_calls[0].arguments), json({{"city", "Paris"}}));
 }
 
 }  // namespace

@@ -231,13 +231,45 @@ bool read_logit_bias(FieldReader& f, int32_t vocab_size, SamplingOptions* s) {
 }
 
 bool read_sampling(FieldReader& f, const RequestLimits& limits, SamplingOptions* s) {
-  std::optional<double> temperature, top_p, min_p, presence, frequency;
-  std::optional<int64_t> top_k, seed;
-  if (!f.get_number("temperature", 0.0, 2.0, &temperature) || !f.get_number("top_p", 0.0, 1.0, &top_p) ||
-      !f.get_int("top_k", -1, std::numeric_limits<int32_t>::max(), &top_k) ||
-      !f.get_number("min_p", 0.0, 1.0, &min_p) || !f.get_number("presence_penalty", -2.0, 2.0, &presence) ||
+  std::optional<double> min_p, presence, frequency;
+  std::optional<int64_t> seed;
+  if (!read_core_sampling(f, 2.0, s) || !f.get_number("min_p", 0.0, 1.0, &min_p) ||
+      !f.get_number("presence_penalty", -2.0, 2.0, &presence) ||
       !f.get_number("frequency_penalty", -2.0, 2.0, &frequency) ||
       !f.get_int("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &seed)) {
+    return false;
+  }
+  if (min_p) s->min_p = static_cast<float>(*min_p);
+  if (presence) s->presence_penalty = static_cast<float>(*presence);
+  if (frequency) s->frequency_penalty = static_cast<float>(*frequency);
+  if (seed) s->seed = static_cast<uint64_t>(*seed);
+  return read_logit_bias(f, limits.vocab_size, s);
+}
+
+}  // namespace
+
+bool read_model(FieldReader& f, const RequestLimits& limits, std::string* out) {
+  if (!f.require_string("model", out)) return false;
+  bool known = false;
+  for (const auto& name : limits.model_names) known = known || name == *out;
+  if (!known) {
+    return f.fail(
+        ApiError{.status = 404,
+                 .type = "invalid_request_error",
+                 .message = fmt::format("The model '{}' does not exist. This server serves '{}'.", echo(*out),
+                                        limits.model_names.empty() ? "" : limits.model_names[0]),
+                 .param = "model",
+                 .code = "model_not_found"});
+  }
+  return true;
+}
+
+bool read_core_sampling(FieldReader& f, double max_temperature, SamplingOptions* s) {
+  std::optional<double> temperature, top_p;
+  std::optional<int64_t> top_k;
+  if (!f.get_number("temperature", 0.0, max_temperature, &temperature) ||
+      !f.get_number("top_p", 0.0, 1.0, &top_p) ||
+      !f.get_int("top_k", -1, std::numeric_limits<int32_t>::max(), &top_k)) {
     return false;
   }
   if (temperature) s->temperature = static_cast<float>(*temperature);
@@ -248,28 +280,32 @@ bool read_sampling(FieldReader& f, const RequestLimits& limits, SamplingOptions*
     s->top_p = 1.0f;
   }
   if (top_k && *top_k > 0) s->top_k = static_cast<int32_t>(*top_k);  // 0 and -1 (vLLM's "off") mean off
-  if (min_p) s->min_p = static_cast<float>(*min_p);
-  if (presence) s->presence_penalty = static_cast<float>(*presence);
-  if (frequency) s->frequency_penalty = static_cast<float>(*frequency);
-  if (seed) s->seed = static_cast<uint64_t>(*seed);
-  return read_logit_bias(f, limits.vocab_size, s);
+  return true;
 }
 
-}  // namespace
+bool is_valid_function_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool read_template_kwargs(FieldReader& f, RequestJson* out) {
+  const RequestJson* kwargs = f.find("chat_template_kwargs");
+  if (!kwargs) return true;
+  if (!kwargs->is_object()) return f.type_error("chat_template_kwargs", "an object");
+  FieldReader kf(*kwargs, "chat_template_kwargs");
+  std::optional<bool> thinking;
+  if (!kf.get_bool("enable_thinking", &thinking)) return f.fail(*kf.error());
+  *out = *kwargs;
+  return true;
+}
 
 bool read_common_fields(FieldReader& f, const RequestLimits& limits, CommonFields* out) {
-  if (!f.require_string("model", &out->model)) return false;
-  bool known = false;
-  for (const auto& name : limits.model_names) known = known || name == out->model;
-  if (!known) {
-    return f.fail(ApiError{
-        .status = 404,
-        .type = "invalid_request_error",
-        .message = fmt::format("The model '{}' does not exist. This server serves '{}'.", echo(out->model),
-                               limits.model_names.empty() ? "" : limits.model_names[0]),
-        .param = "model",
-        .code = "model_not_found"});
-  }
+  if (!read_model(f, limits, &out->model)) return false;
   std::optional<bool> stream;
   if (!f.get_bool("stream", &stream)) return false;
   out->stream = stream.value_or(false);

@@ -74,4 +74,15 @@ struct RequestLimits {
 // max_tokens / max_completion_tokens.
 bool read_common_fields(FieldReader& f, const RequestLimits& limits, CommonFields* out);
 
+// The pieces that the Anthropic Messages API shares with OpenAI's:
+// "model", required and one of limits.model_names (404 model_not_found otherwise).
+bool read_model(FieldReader& f, const RequestLimits& limits, std::string* out);
+// temperature in [0, max_temperature], top_p in [0, 1] (0 = greedy), top_k (0 and -1 = off).
+bool read_core_sampling(FieldReader& f, double max_temperature, SamplingOptions* s);
+// Tool names as OpenAI and Anthropic accept them: ^[a-zA-Z0-9_-]{1,64}$.
+bool is_valid_function_name(std::string_view name);
+// "chat_template_kwargs": an object of extra chat template variables; its "enable_thinking", which the
+// server itself interprets (thinking control), must be a boolean.
+bool read_template_kwargs(FieldReader& f, RequestJson* out);
+
 }  // namespace pd::server

@@ -190,6 +190,8 @@ TEST(ChatRequestParser, RejectsBadInputWithOpenAIErrors) {
        "Audio"},
       {"template kwargs type", chat_with("chat_template_kwargs", json::array()), 400, "chat_template_kwargs",
        "invalid_type", "object"},
+      {"enable_thinking type", chat_with("chat_template_kwargs", {{"enable_thinking", "no"}}), 400,
+       "chat_template_kwargs.enable_thinking", "invalid_type", "expected a boolean"},
   };
   ASSERT_GE(cases.size(), 25u);
   for (const auto& c : cases) {

@@ -55,6 +55,7 @@ class HandleSink final : public GenerationSink {
   GenerationResult settle(GenerationResult result) {
     if (stop_.matched()) {
       result.reason = FinishReason::kStop;  // the engine saw our refusal as a cancellation
+      result.stop_string = stop_.matched_string();
     } else if (result.reason != FinishReason::kCancelled) {
       for (auto& o : stop_.flush()) deliver(std::move(o));
     }

@@ -137,8 +137,12 @@ TEST(Scheduler, StopStringEndsGenerationAndIsNotEmitted) {
   const Drained d = drain(*h);
   EXPECT_EQ(d.text, "Hello wor");
   EXPECT_EQ(d.result.reason, FinishReason::kStop);
+  EXPECT_EQ(d.result.stop_string, "ldEN");
   EXPECT_EQ(engine.cancelled(), 1);  // the engine was told to stop at once
   EXPECT_EQ(d.result.stats.completion_tokens, 4);
+  // A generation that ends by itself names no stop string.
+  auto plain = s.submit(request("plain"), {"zzz"});
+  EXPECT_FALSE(drain(*plain).result.stop_string.has_value());
 }
 
 // An engine that reports its final end-of-turn token (with a logprob) the way decode/'s generator does.
@@ -241,8 +245,10 @@ TEST(StopMatcher, MatchAcrossOutputsCutsTextKeepsTokens) {
 
 TEST(StopMatcher, EarliestOfSeveralStopsWins) {
   StopMatcher m({"bb", "a"});
+  EXPECT_EQ(m.matched_string(), "");
   auto out = feed(m, {"xxbbya"});
   EXPECT_EQ(joined(out), "xx");
+  EXPECT_EQ(m.matched_string(), "bb");
 }
 
 // Where two stop strings overlap, the one that completes first wins, however the text was split.
@@ -250,9 +256,10 @@ TEST(StopMatcher, OutcomeDoesNotDependOnHowTheTextWasSplit) {
   const std::vector<std::vector<std::string>> splits = {
       {"abcd"}, {"ab", "cd"}, {"abc", "d"}, {"a", "b", "c", "d"}};
   for (const auto& pieces : splits) {
-    StopMatcher m({"abcd", "bc"});
+    StopMatcher m({"", "abcd", "bc"});  // an empty stop string is ignored and does not shift the others
     EXPECT_EQ(joined(feed(m, pieces)), "a") << pieces.size() << " pieces";
     EXPECT_TRUE(m.matched());
+    EXPECT_EQ(m.matched_string(), "bc");
   }
 }
 

@@ -2,14 +2,17 @@
 
 namespace pd::server {
 
-StopMatcher::StopMatcher(std::vector<std::string> stops) : text_(std::move(stops)) {}
+StopMatcher::StopMatcher(std::vector<std::string> stops) : text_(stops), stops_(std::move(stops)) {}
 
 std::vector<GenerationOutput> StopMatcher::push(GenerationOutput output) {
   if (matched()) return {};
   const StopStringMatcher::Result r = text_.feed(output.text);
   pending_.push_back(std::move(output));
   auto out = release(r.text.size());
-  if (r.stopped) pending_.clear();
+  if (r.stopped) {
+    pending_.clear();
+    matched_ = stops_[r.stop_index];
+  }
   return out;
 }
 

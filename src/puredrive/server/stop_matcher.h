@@ -22,12 +22,16 @@ class StopMatcher {
   // End of generation without a match: releases everything still held.
   std::vector<GenerationOutput> flush();
   bool matched() const { return text_.stopped(); }
+  // The stop string that matched; empty while none did.
+  const std::string& matched_string() const { return matched_; }
 
  private:
   // Releases the first n bytes of the pending text (and the tokens of the outputs that start there).
   std::vector<GenerationOutput> release(size_t n);
 
   StopStringMatcher text_;
+  std::vector<std::string> stops_;
+  std::string matched_;
   // The outputs whose text the matcher still holds (their texts, joined, are the held text).
   std::deque<GenerationOutput> pending_;
 };

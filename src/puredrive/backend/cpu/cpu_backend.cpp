@@ -9,6 +9,7 @@
 
 #include "puredrive/backend/cpu/cpu_ops.h"
 #include "puredrive/backend/cpu/kernels.h"
+#include "puredrive/backend/cpu/sampling.h"
 #include "puredrive/backend/validate.h"
 #include "puredrive/util/thread_pool.h"
 
@@ -194,41 +195,10 @@ class CpuBackend final : public Backend {
   }
 
   Status gated_delta_net(const GatedDeltaNetArgs& a) override {
+    PD_TRY(validate_gated_delta_net(Device::kCpu, a));
     const GdnDims& d = a.dims;
-    if (d.num_k_heads <= 0 || d.num_v_heads <= 0 || d.num_v_heads % d.num_k_heads != 0 || d.k_head_dim <= 0 ||
-        d.v_head_dim <= 0 || d.conv_kernel < 1) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "gated_delta_net: bad dims (k heads {}, v heads {}, k dim {}, v dim {}, kernel {})",
-                        d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel);
-    }
-    const int64_t rows = a.qkv.rows;
-    const int64_t key_dim = int64_t{d.num_k_heads} * d.k_head_dim;
-    const int64_t value_dim = int64_t{d.num_v_heads} * d.v_head_dim;
-    const int64_t channels = 2 * key_dim + value_dim;
-    const int64_t state_size = int64_t{d.num_v_heads} * d.k_head_dim * d.v_head_dim;
-    PD_TRY(check_tensor("gated_delta_net", "qkv", a.qkv, DType::kF32, -1, channels));
-    PD_TRY(check_tensor("gated_delta_net", "z", a.z, DType::kF32, rows, value_dim));
-    PD_TRY(check_tensor("gated_delta_net", "b", a.b, DType::kF32, rows, d.num_v_heads));
-    PD_TRY(check_tensor("gated_delta_net", "a", a.a, DType::kF32, rows, d.num_v_heads));
-    PD_TRY(check_tensor("gated_delta_net", "out", a.out, DType::kF32, rows, value_dim));
-    PD_TRY(check_tensor("gated_delta_net", "state.conv", a.state.conv, DType::kF32, d.conv_kernel - 1,
-                        channels));
-    PD_TRY(check_tensor("gated_delta_net", "state.recurrent", a.state.recurrent, DType::kF32, d.num_v_heads,
-                        int64_t{d.k_head_dim} * d.v_head_dim));
-    if (!a.state.conv.contiguous() || !a.state.recurrent.contiguous()) {
-      return make_error(ErrorCode::kInvalidArgument, "gated_delta_net: state tensors must be contiguous");
-    }
-    if (!a.snapshots.empty()) {
-      PD_TRY(check_tensor("gated_delta_net", "snapshots.conv", a.snapshots.conv, DType::kF32, -1,
-                          (d.conv_kernel - 1) * channels));
-      PD_TRY(check_tensor("gated_delta_net", "snapshots.recurrent", a.snapshots.recurrent, DType::kF32,
-                          a.snapshots.conv.rows, state_size));
-      if (a.snapshots.conv.rows < rows) {
-        return make_error(ErrorCode::kInvalidArgument,
-                          "gated_delta_net: {} snapshot rows for a step of {} rows", a.snapshots.conv.rows,
-                          rows);
-      }
-    }
+    const int64_t channels =
+        2 * int64_t{d.num_k_heads} * d.k_head_dim + int64_t{d.num_v_heads} * d.v_head_dim;
     cpu::GdnVectors v;
     PD_ASSIGN_OR_RETURN(const std::vector<float>* conv1d,
                         vector("gated_delta_net", a.conv1d, channels * d.conv_kernel));
@@ -260,6 +230,12 @@ class CpuBackend final : public Backend {
     PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
     PD_TRY(check_tensor("argmax", "out", a.out, DType::kI32, a.x.rows, 1));
     cpu::argmax(a.x, a.out);
+    return Status::ok();
+  }
+
+  Status sample(const SampleArgs& a) override {
+    PD_TRY(validate_sample(a, Device::kCpu));
+    cpu::sample(a);
     return Status::ok();
   }
 

@@ -59,4 +59,14 @@ void argmax(const Tensor& x, const Tensor& out);
 // x * rsqrt(mean(x^2) + eps) * w for one row of n (shared by rms_norm, q/k norms and the MTP head).
 void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* out);
 
+// ---- Gated DeltaNet pieces shared by the recurrence (gated_delta_net.cpp) and the chunked prefill
+// (gdn_chunked.cpp) ----
+// x * rsqrt(sum(x^2) + 1e-6) (FLA / HF l2norm; the eps is fixed, not rms_norm_eps), then times `scale`.
+void l2norm(const float* x, int64_t n, float scale, float* out);
+// The gated RMSNorm of one head, norm before gate: out = (w * (o * rsqrt(mean(o^2) + eps))) * silu(z).
+void gdn_gated_norm(const float* o, const float* z, const float* w, int dv, float eps, float* out);
+// The prefill rows of gated_delta_net after the conv: conv_out [R, C] holds SiLU(conv) of every row; writes
+// out and the recurrent state (the conv state is already updated).
+void gdn_chunked(const Exec& pool, const GatedDeltaNetArgs& args, const GdnVectors& v, const float* conv_out);
+
 }  // namespace pd::cpu

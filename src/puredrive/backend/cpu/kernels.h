@@ -28,6 +28,21 @@ float dot_bf16(const float* a, const uint16_t* b, int64_t n);
 // variant gives the canonical dot's bits.
 void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, float* out,
              int64_t out_stride, float* buf);
+
+// A row-major operand of fma_product: element (r, c) at p[r * ld + c].
+struct FmaOperand {
+  const float* p;
+  int64_t ld;
+};
+// C[r][j] = (accumulate ? C[r][j] : 0) + sum over k < min(depth, r + band) of A[r][k] * B[k][j], one fused
+// multiply-add per term in ascending k, for the columns j < min(cols, r + col_band) of each row r (others are
+// left alone). band = depth and col_band = cols: the full product; band 0 / 1: A strictly lower / lower
+// triangular. The order depends only on the element's own row and column, and both paths round alike.
+void fma_product(int rows, int cols, int col_band, int depth, int band, FmaOperand a, FmaOperand b, float* c,
+                 int64_t ldc, bool accumulate);
+// The portable implementation (exposed for tests).
+void fma_product_portable(int rows, int cols, int col_band, int depth, int band, FmaOperand a, FmaOperand b,
+                          float* c, int64_t ldc, bool accumulate);
 // True when the AVX2+FMA paths are in use.
 bool has_avx2();
 

@@ -26,6 +26,47 @@ TEST(Kernels, DotPathsAreBitwiseEqualAndAccurate) {
   }
 }
 
+// fma_product: both paths bitwise equal, and each element the sum of its band within rounding, for column
+// counts that exercise the 64-, 32- and 8-wide blocks and the scalar tail, full and triangular bands.
+TEST(Kernels, FmaProductPathsAreBitwiseEqualAndAccurate) {
+  std::mt19937 rng(3);
+  for (int cols : {1, 7, 8, 31, 40, 64, 70, 100, 128, 133}) {
+    for (int band : {0, 1, 1000}) {
+      for (int col_band : {0, 1, 1000}) {
+        for (bool accumulate : {false, true}) {
+          const int rows = 9, depth = 37;
+          const auto a = test::random_vector(rng, static_cast<size_t>(rows * depth));
+          const auto b = test::random_vector(rng, static_cast<size_t>(depth * (cols + 3)));
+          const auto c0 = test::random_vector(rng, static_cast<size_t>(rows * cols));
+          std::vector<float> fast = c0, portable = c0;
+          const cpu::FmaOperand A{a.data(), depth}, B{b.data(), cols + 3};
+          cpu::fma_product(rows, cols, col_band, depth, band, A, B, fast.data(), cols, accumulate);
+          cpu::fma_product_portable(rows, cols, col_band, depth, band, A, B, portable.data(), cols,
+                                    accumulate);
+          EXPECT_TRUE(test::bitwise_equal(fast, portable)) << cols << " cols, band " << band;
+          for (int r = 0; r < rows; ++r) {
+            for (int j = 0; j < cols; ++j) {
+              const size_t at = static_cast<size_t>(r * cols + j);
+              if (j >= std::min(cols, r + col_band)) {
+                EXPECT_EQ(fast[at], c0[at]) << "column outside the band was written";
+                continue;
+              }
+              double ref = accumulate ? c0[at] : 0.0, mag = std::abs(ref);
+              for (int k = 0; k < std::min(depth, r + band); ++k) {
+                const double t = double{a[static_cast<size_t>(r * depth + k)]} *
+                                 b[static_cast<size_t>(k * (cols + 3) + j)];
+                ref += t;
+                mag += std::abs(t);
+              }
+              EXPECT_NEAR(fast[at], ref, 1e-6 * mag + 1e-30);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Kernels, TwoRowDotEqualsTwoDots) {
   std::mt19937 rng(5);
   for (int64_t n : {1, 7, 32, 45, 64, 96, 1000, 1030}) {

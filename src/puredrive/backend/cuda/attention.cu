@@ -1,14 +1,17 @@
-// Gated full attention after the projections (backend.h GatedAttentionArgs; spec §4), in three kernels per
-// chunk of up to kMaxRows rows:
+// Gated full attention after the projections (backend.h GatedAttentionArgs; spec §4): the entry point, the
+// query / key preparation, the merge of split-K partials, and the CUDA-core kernels kept for float32 caches.
 // 1. per (row, head): RMSNorm of the query / key head, NeoX RoPE at the row's position; keys and values are
-//    written to the cache at that position, queries to scratch;
-// 2. split-K over the cache: block (split c, KV head, row) covers positions [c * kAttnSplit, ...) of
-//    [0, position] for every query head of the group: scores, the split's max and sum of exponentials, and
-//    the unnormalised sum of p * v;
-// 3. per (row, query head): the splits merged in ascending order, normalised, times sigmoid(gate).
+//    written to the cache at that position, queries to scratch (every row of a launch before any attention);
+// 2. attention, by one of three paths (path_of):
+//    - prefill (more than kMaxRows rows, bf16 cache): causal flash attention, attention_prefill.cu;
+//    - decode / verify (bf16 cache): split-K on the tensor cores, each KV head's keys read once for all its
+//      query heads and rows, attention_decode.cu, then the merge below (with the gate);
+//    - float32 cache: split-K over kAttnSplit-key splits on the CUDA cores, one block per (split, KV head,
+//      row), then the merge.
 // Split points depend only on the row's position, and every reduction runs in a fixed order, so each row's
-// result is independent of the other rows. Rows of a chunk see the keys written by earlier rows (phase 1
-// completes before phase 2), and chunks run in order.
+// result is independent of the other rows (docs/DESIGN.md §4.1). Steps wider than kMaxRows on the other
+// paths run in chunks of kMaxRows rows; rows of a chunk see the keys written by earlier rows.
+#include "puredrive/backend/cuda/attention_mma.cuh"
 #include "puredrive/backend/cuda/common.cuh"
 
 namespace pd::cuda {
@@ -196,109 +199,16 @@ __global__ void __launch_bounds__(kBlock) attn_partial_kernel(AttentionLaunch a,
   }
 }
 
-// The same arithmetic for a bf16 cache when the group has at most kStagedGroup query heads and a head at
-// most 256 dims: the split's keys and values are copied to shared memory asynchronously (cp.async, every
-// copy in flight at once), each lane keeps its 8-dim chunk of every query of the group in registers, and the
-// scores are stored position-major so that one thread reads the group's probabilities of a position with
-// two 16-byte loads. Sums run in the generic kernel's order, so the results are bitwise the same.
-constexpr int kStagedGroup = 8;
-
-__global__ void __launch_bounds__(kBlock)
-    attn_partial_staged_kernel(AttentionLaunch a, int r0, const float* qbuf, float* part_o, float* part_ml,
-                               int splits) {
-  pdl_enter();
-  extern __shared__ float sm[];
-  const int D = a.head_dim;
-  const int group = a.num_heads / a.num_kv_heads;
-  float* sc = sm;  // [kAttnSplit][kStagedGroup]
-  uint16_t* ktile = reinterpret_cast<uint16_t*>(sc + kAttnSplit * kStagedGroup);  // [kAttnSplit][D]
-  uint16_t* vtile = ktile + kAttnSplit * D;
-  const int c = static_cast<int>(blockIdx.x), kh = static_cast<int>(blockIdx.y),
-            r = static_cast<int>(blockIdx.z);
-  const int32_t pos = a.positions[(r0 + r) * a.position_stride];
-  if (pos < 0 || pos >= a.capacity) return;
-  const int n = pos + 1;
-  const int start = c * kAttnSplit;
-  if (start >= n) return;
-  const int cnt = n - start < kAttnSplit ? n - start : kAttnSplit;
-  const int64_t kvw = static_cast<int64_t>(a.num_kv_heads) * D;
-  const int per_row = D / 8;
-  {
-    const uint16_t* kc = static_cast<const uint16_t*>(a.cache_k);
-    const uint16_t* vc = static_cast<const uint16_t*>(a.cache_v);
-    for (int i = threadIdx.x; i < cnt * per_row; i += blockDim.x) {
-      const int t = i / per_row, ch = i % per_row;
-      const int64_t at = static_cast<int64_t>(start + t) * kvw + static_cast<int64_t>(kh) * D + ch * 8;
-      copy16_async(ktile + static_cast<int64_t>(i) * 8, kc + at);
-      copy16_async(vtile + static_cast<int64_t>(i) * 8, vc + at);
-    }
-  }
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int nwarps = static_cast<int>(blockDim.x >> 5);
-  const bool has_chunk = lane < per_row;
-  float q[kStagedGroup][8];
-  {
-    const float* qb = qbuf + (static_cast<int64_t>(r) * a.num_heads + static_cast<int64_t>(kh) * group) * D;
-#pragma unroll
-    for (int g = 0; g < kStagedGroup; ++g) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[g][j] = g < group && has_chunk ? qb[g * D + lane * 8 + j] : 0.0f;
-    }
-  }
-  copy_async_wait_all();
-  __syncthreads();
-  const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(D)));
-  for (int t = warp; t < cnt; t += nwarps) {
-    float p[kStagedGroup] = {};
-    if (has_chunk) {
-      float kv[8];
-      load_kv8<true>(ktile, static_cast<int64_t>(t) * D + lane * 8, kv);
-#pragma unroll
-      for (int g = 0; g < kStagedGroup; ++g) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) p[g] = fmaf(q[g][j], kv[j], p[g]);
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < kStagedGroup; ++g) {
-      if (g < group) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) p[g] += __shfl_xor_sync(0xffffffffu, p[g], off);
-        if (lane == 0) sc[t * kStagedGroup + g] = p[g] * scale;
-      }
-    }
-  }
-  __syncthreads();
-  split_softmax(sc, kStagedGroup, 1, group, cnt,
-                part_ml + (static_cast<int64_t>(r) * a.num_heads + kh * group) * splits * 2 + c * 2,
-                splits * 2);
-  __syncthreads();
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc[kStagedGroup] = {};
-#pragma unroll 4
-    for (int t = 0; t < cnt; ++t) {
-      const float v = bf16_bits(vtile[t * D + d]);
-      const float4 p0 = *reinterpret_cast<const float4*>(sc + t * kStagedGroup);
-      const float4 p1 = *reinterpret_cast<const float4*>(sc + t * kStagedGroup + 4);
-      const float pg[kStagedGroup] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-#pragma unroll
-      for (int g = 0; g < kStagedGroup; ++g) acc[g] = fmaf(pg[g], v, acc[g]);
-    }
-#pragma unroll
-    for (int g = 0; g < kStagedGroup; ++g) {
-      if (g < group) {
-        part_o[((static_cast<int64_t>(r) * a.num_heads + kh * group + g) * splits + c) * D + d] = acc[g];
-      }
-    }
-  }
-}
-
 // Per (row, query head): the splits' partial results scaled to the common maximum M, summed in ascending
-// split order, l = sum_c l_c e^(m_c - M) and o = sum_c o_c e^(m_c - M); out = (o / l) * sigmoid(gate). The
-// per-split loads are independent, so they are in flight together.
+// split order, l = sum_c l_c e^(m_c - M) and o = sum_c o_c e^(m_c - M); out = (o / l) * sigmoid(gate).
+// Partials of row r0 + r sit at row r of part_o / part_ml, `stride` splits per (row, head). ADAPTIVE: the
+// splits of attention_plan.h (their factors e^(m_c - M) computed once into shared memory, the same values);
+// else kAttnSplit-key splits (the CUDA-core kernel).
+template <bool ADAPTIVE>
 __global__ void attn_merge_kernel(AttentionLaunch a, int r0, const float* part_o, const float* part_ml,
-                                  int splits) {
+                                  int stride) {
   pdl_enter();
+  __shared__ float w[ADAPTIVE ? kAttnItems : 1];
   const int r = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
   const int gr = r0 + r;
   const int D = a.head_dim;
@@ -306,78 +216,105 @@ __global__ void attn_merge_kernel(AttentionLaunch a, int r0, const float* part_o
   float* out = a.out + gr * a.out_stride + static_cast<int64_t>(h) * D;
   const float* gate = a.qg + gr * a.qg_stride + static_cast<int64_t>(h) * 2 * D + D;
   const bool valid = pos >= 0 && pos < a.capacity;
-  const int nsplit = valid ? (pos + kAttnSplit) / kAttnSplit : 0;
-  const int64_t base = (static_cast<int64_t>(r) * a.num_heads + h) * splits;
+  int nsplit = 0;
+  if (valid) nsplit = ADAPTIVE ? attn_num_splits(pos, a.num_kv_heads) : (pos + kAttnSplit) / kAttnSplit;
+  const int64_t base = (static_cast<int64_t>(r) * a.num_heads + h) * stride;
   float mx = -INFINITY;
 #pragma unroll 8
   for (int c = 0; c < nsplit; ++c) mx = fmaxf(mx, part_ml[(base + c) * 2]);
+  if constexpr (ADAPTIVE) {
+    for (int c = static_cast<int>(threadIdx.x); c < nsplit; c += static_cast<int>(blockDim.x)) {
+      w[c] = expf(part_ml[(base + c) * 2] - mx);
+    }
+    __syncthreads();
+  }
+  auto factor = [&](int c) {
+    if constexpr (ADAPTIVE) {
+      return w[c];
+    } else {
+      return expf(part_ml[(base + c) * 2] - mx);
+    }
+  };
   float l = 0.0f;
 #pragma unroll 8
-  for (int c = 0; c < nsplit; ++c) l = l + part_ml[(base + c) * 2 + 1] * expf(part_ml[(base + c) * 2] - mx);
+  for (int c = 0; c < nsplit; ++c) l = l + part_ml[(base + c) * 2 + 1] * factor(c);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float o = 0.0f;
 #pragma unroll 8
-    for (int c = 0; c < nsplit; ++c) o = o + part_o[(base + c) * D + d] * expf(part_ml[(base + c) * 2] - mx);
+    for (int c = 0; c < nsplit; ++c) o = o + part_o[(base + c) * D + d] * factor(c);
     out[d] = valid ? (o / l) * sigmoidf_(gate[d]) : 0.0f;
   }
 }
 
-}  // namespace
-
-size_t attention_smem_bytes(int num_heads, int num_kv_heads, int head_dim, bool staged) {
-  if (staged) {
-    return static_cast<size_t>(kAttnSplit) * kStagedGroup * sizeof(float) +
-           2 * static_cast<size_t>(kAttnSplit) * head_dim * sizeof(uint16_t);
-  }
-  const size_t group = static_cast<size_t>(num_heads / num_kv_heads);
-  return group * (head_dim + kAttnSplit) * sizeof(float);
-}
-
-void set_attention_smem_limit(size_t bytes) {
-  cudaFuncSetAttribute(attn_partial_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(bytes));
-}
-
-namespace {
-
-int num_splits(int64_t capacity) {
+int legacy_splits(int64_t capacity) {
   return static_cast<int>((capacity + kAttnSplit - 1) / kAttnSplit);
 }
 
+enum class Path { kPrefill, kDecode, kLegacy };
+
+// Steps wider than kMaxRows take the flash kernel; the rest the split-K decode kernel on the tensor cores
+// (wide steps too when the flash kernel lacks their head dim); a float32 cache, or a shape neither supports,
+// the CUDA-core kernels.
+Path path_of(const AttentionLaunch& a) {
+  if ((a.rows > kMaxRows || a.prefill) && attn_prefill_supported(a)) return Path::kPrefill;
+  return attn_decode_supported(a) ? Path::kDecode : Path::kLegacy;
+}
+
 }  // namespace
 
-int64_t attention_scratch_floats(int num_heads, int head_dim, int64_t capacity) {
-  const int64_t per_row = static_cast<int64_t>(num_heads) * head_dim * (1 + num_splits(capacity)) +
-                          static_cast<int64_t>(num_heads) * num_splits(capacity) * 2;
-  return kMaxRows * per_row;
+void set_attention_smem_limit(size_t bytes) {
+  set_attn_decode_smem_limit(bytes);
+  set_attn_prefill_smem_limit(bytes);
+}
+
+int64_t attention_scratch_floats(const AttentionLaunch& a) {
+  const int64_t hq = a.num_heads, D = a.head_dim;
+  if (path_of(a) == Path::kPrefill) return static_cast<int64_t>(a.rows) * hq * D;
+  const int64_t splits =
+      path_of(a) == Path::kDecode ? attn_max_splits(a.num_kv_heads) : legacy_splits(a.capacity);
+  return kMaxRows * hq * (D + splits * (D + 2));
 }
 
 void launch_attention(const AttentionLaunch& a, cudaStream_t stream) {
-  const int D = a.head_dim;
-  const int splits = num_splits(a.capacity);
+  const int D = a.head_dim, hq = a.num_heads;
   float* qbuf = a.scratch;
-  float* part_o = qbuf + static_cast<int64_t>(kMaxRows) * a.num_heads * D;
-  float* part_ml = part_o + static_cast<int64_t>(kMaxRows) * a.num_heads * splits * D;
-  const bool staged = a.cache_bf16 && a.num_heads / a.num_kv_heads <= kStagedGroup && D <= 256 &&
-                      attention_smem_bytes(a.num_heads, a.num_kv_heads, D, true) <= a.smem_limit;
-  const size_t partial_smem = attention_smem_bytes(a.num_heads, a.num_kv_heads, D, staged);
+  const Path path = path_of(a);
+  if (path == Path::kPrefill) {
+    launch_pdl(qk_norm_rope_kernel, dim3(a.rows, hq + a.num_kv_heads), dim3(128), D * sizeof(float), stream,
+               a, 0, qbuf);
+    launch_attn_prefill(a, qbuf, stream);
+    return;
+  }
+  const int splits = path == Path::kDecode ? attn_max_splits(a.num_kv_heads) : legacy_splits(a.capacity);
+  float* part_o = qbuf + static_cast<int64_t>(kMaxRows) * hq * D;
+  float* part_ml = part_o + static_cast<int64_t>(kMaxRows) * hq * splits * D;
+  const int per_launch = path == Path::kDecode ? attn_decode_rows_per_launch(a) : kMaxRows;
   for (int r0 = 0; r0 < a.rows; r0 += kMaxRows) {
     const int n = a.rows - r0 < kMaxRows ? a.rows - r0 : kMaxRows;
-    launch_pdl(qk_norm_rope_kernel, dim3(n, a.num_heads + a.num_kv_heads), dim3(128), D * sizeof(float),
-               stream, a, r0, qbuf);
-    const dim3 grid(splits, a.num_kv_heads, n);
-    if (staged) {
-      launch_pdl(attn_partial_staged_kernel, grid, dim3(kBlock), partial_smem, stream, a, r0,
-                 static_cast<const float*>(qbuf), part_o, part_ml, splits);
-    } else if (a.cache_bf16) {
-      launch_pdl(attn_partial_kernel<true>, grid, dim3(kBlock), partial_smem, stream, a, r0,
-                 static_cast<const float*>(qbuf), part_o, part_ml, splits);
-    } else {
-      launch_pdl(attn_partial_kernel<false>, grid, dim3(kBlock), partial_smem, stream, a, r0,
-                 static_cast<const float*>(qbuf), part_o, part_ml, splits);
+    launch_pdl(qk_norm_rope_kernel, dim3(n, hq + a.num_kv_heads), dim3(128), D * sizeof(float), stream, a, r0,
+               qbuf);
+    if (path == Path::kLegacy) {
+      const dim3 grid(splits, a.num_kv_heads, n);
+      const size_t smem = static_cast<size_t>(hq / a.num_kv_heads) * (D + kAttnSplit) * sizeof(float);
+      if (a.cache_bf16) {
+        launch_pdl(attn_partial_kernel<true>, grid, dim3(kBlock), smem, stream, a, r0,
+                   static_cast<const float*>(qbuf), part_o, part_ml, splits);
+      } else {
+        launch_pdl(attn_partial_kernel<false>, grid, dim3(kBlock), smem, stream, a, r0,
+                   static_cast<const float*>(qbuf), part_o, part_ml, splits);
+      }
+      launch_pdl(attn_merge_kernel<false>, dim3(n, hq), dim3(128), 0, stream, a, r0,
+                 static_cast<const float*>(part_o), static_cast<const float*>(part_ml), splits);
+      continue;
     }
-    launch_pdl(attn_merge_kernel, dim3(n, a.num_heads), dim3(128), 0, stream, a, r0,
-               static_cast<const float*>(part_o), static_cast<const float*>(part_ml), splits);
+    // Rows in launches of per_launch (all of them unless the shared memory limit says otherwise); a row's
+    // result does not depend on which rows share its launch.
+    for (int s0 = 0; s0 < n; s0 += per_launch) {
+      const int m = n - s0 < per_launch ? n - s0 : per_launch;
+      launch_attn_decode(a, r0 + s0, m, qbuf + static_cast<int64_t>(s0) * hq * D, part_o, part_ml, stream);
+      launch_pdl(attn_merge_kernel<true>, dim3(m, hq), dim3(128), 0, stream, a, r0 + s0,
+                 static_cast<const float*>(part_o), static_cast<const float*>(part_ml), splits);
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstdlib>
@@ -18,8 +19,10 @@
 #include <vector>
 
 #include "puredrive/backend/cuda/kernels.h"
+#include "puredrive/backend/cuda/sampling.h"
 #include "puredrive/backend/cuda/synth_rng.h"
 #include "puredrive/backend/cuda/synth_source.h"
+#include "puredrive/backend/cuda/weight_upload.h"
 #include "puredrive/backend/validate.h"
 
 namespace pd {
@@ -47,6 +50,8 @@ Status check_tensor(const char* op, const char* arg, const Tensor& t, DType dtyp
                     int64_t cols) {
   return check_tensor_on(Device::kCuda, op, arg, t, dtype, rows, cols);
 }
+
+static_assert(cuda::kGdnPrefillChunk == kGdnPrefillChunk, "the prefill kernels' chunk is backend.h's");
 
 Status check_kv(const char* op, const char* arg, const Tensor& t, int64_t cols) {
   PD_TRY(check_kv_layout(op, arg, t, cols));
@@ -130,6 +135,23 @@ bool same_format(const Matrix& a, const Matrix& b) {
           (a.bits == b.bits && a.group_size == b.group_size && a.scale_dtype == b.scale_dtype));
 }
 
+// One tensor-core product part: x [R, K] . w^T into out, its weight-row tiles after `tiles_before`.
+cuda::MmaPart mma_part(const DevMatrix& w, const Tensor& x, const Tensor& out, int tiles_before) {
+  cuda::MmaPart p;
+  p.w = w;
+  p.x = static_cast<const float*>(x.data);
+  p.xs = x.stride;
+  p.out = static_cast<float*>(out.data);
+  p.os = out.stride;
+  p.rows = static_cast<int>(x.rows);
+  p.n_tiles_end = tiles_before + static_cast<int>((w.rows + cuda::kMmaCols - 1) / cuda::kMmaCols);
+  return p;
+}
+
+int mma_row_tiles(int64_t rows) {
+  return static_cast<int>((rows + cuda::kMmaRows - 1) / cuda::kMmaRows);
+}
+
 // A growable device buffer for op scratch. Growing invalidates captured graphs (they hold the old address).
 struct Scratch {
   void* ptr = nullptr;
@@ -178,7 +200,8 @@ enum class OpTag : uint32_t {
   kGdn,
   kMoe,
   kArgmax,
-  kMatmuls
+  kMatmuls,
+  kSample
 };
 
 struct BoundMoe {
@@ -191,13 +214,16 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    uploader_.reset();
     clear_graphs();
     release_retired();
     for (void* p : weights_) cudaFree(p);
-    for (Scratch* s : {&attn_scratch_, &gdn_scratch_, &moe_scratch_}) {
+    for (Scratch* s : {&attn_scratch_, &gdn_scratch_, &moe_scratch_, &sample_scratch_}) {
       if (s->ptr != nullptr) cudaFree(s->ptr);
     }
     if (staging_ != nullptr) cudaFreeHost(staging_);
+    if (experts_read_ != nullptr) cudaFree(experts_read_);
+    if (router_ticket_ != nullptr) cudaFree(router_ticket_);
     if (step_done_ != nullptr) cudaEventDestroy(step_done_);
     if (graph_start_ != nullptr) cudaEventDestroy(graph_start_);
     if (graph_end_ != nullptr) cudaEventDestroy(graph_end_);
@@ -225,17 +251,31 @@ class CudaBackend final : public Backend {
           prop.name, prop.major, prop.minor);
     }
     cuda::set_attention_smem_limit(smem_optin_);
+    cuda::init_mma_kernels();
+    cuda::set_gdn_prefill_smem_limit(smem_optin_);
     PD_CUDA_TRY(cudaGetLastError());
     PD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    uploader_ = std::make_unique<cuda::WeightUploader>(device_, stream_);
     PD_CUDA_TRY(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PD_CUDA_TRY(cudaEventCreate(&graph_start_));
     PD_CUDA_TRY(cudaEventCreate(&graph_end_));
+    PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&experts_read_), sizeof(unsigned long long)));
+    PD_CUDA_TRY(cudaMemset(experts_read_, 0, sizeof(unsigned long long)));
+    PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&router_ticket_), sizeof(int)));
+    PD_CUDA_TRY(cudaMemset(router_ticket_, 0, sizeof(int)));
+    PD_CUDA_TRY(cudaDeviceSynchronize());
     const char* env = std::getenv("PD_CUDA_GRAPHS");
     graphs_enabled_ = env == nullptr || std::string(env) != "0";
     return Status::ok();
   }
 
   const CudaDeviceInfo& info() const { return info_; }
+  Expected<int64_t> experts_read() {
+    PD_TRY(flush_for_host());
+    unsigned long long v = 0;
+    PD_CUDA_TRY(cudaMemcpy(&v, experts_read_, sizeof v, cudaMemcpyDeviceToHost));
+    return static_cast<int64_t>(v);
+  }
   CudaStepStats stats() const {
     CudaStepStats s = stats_;
     s.cached_graphs = static_cast<int64_t>(graphs_.size());
@@ -372,6 +412,7 @@ class CudaBackend final : public Backend {
 
   Status begin_step() override {
     if (step_depth_++ > 0) return Status::ok();
+    uploader_->release();  // weights are bound before the first step: free the upload threads and buffers
     // Staging is reused by every step: the previous step's copies must have read it.
     if (step_recorded_) PD_CUDA_TRY(cudaEventSynchronize(step_done_));
     if (graph_timed_) {
@@ -426,7 +467,7 @@ class CudaBackend final : public Backend {
   }
 
   Expected<MoeId> bind_moe(const MoeWeights& w, const MoeSpec& spec) override;
-  int64_t bound_bytes() const override { return bound_bytes_; }
+  int64_t bound_bytes() const override { return bound_bytes_.load(std::memory_order_relaxed); }
 
   // ---- Ops ----
 
@@ -492,17 +533,28 @@ class CudaBackend final : public Backend {
     PD_ASSIGN_OR_RETURN(const DevMatrix* w, matrix("matmul", a.w));
     PD_TRY(check_tensor("matmul", "x", a.x, DType::kF32, -1, w->cols));
     PD_TRY(check_tensor("matmul", "out", a.out, DType::kF32, a.x.rows, w->rows));
+    const Kernels k = kernels_for(a.prefill, a.x.rows);
     sig_.add(OpTag::kMatmul);
     sig_.add(a.w.index);
     sig_.add(a.x);
     sig_.add(a.out);
     sig_.add(static_cast<int32_t>(a.accum));
+    sig_.add(k);
     const DevMatrix m = *w;
+    if (k == Kernels::kTensorCores) {
+      cuda::MmaJob j;
+      j.part[0] = mma_part(m, a.x, a.out, 0);
+      j.parts = 1;
+      j.accumulate = a.accum == Accum::kAdd ? 1 : 0;
+      const int tiles = mma_row_tiles(a.x.rows);
+      submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmul prefill", m.rows, m.cols);
+      return take_error_if_eager();
+    }
     submit(
         [m, a](cudaStream_t s) {
           const int rows = static_cast<int>(a.x.rows);
           if (rows > cuda::kMaxRows) {
-            // Wide steps (prefill): tiled product, weights read once per kTileRows rows.
+            // Wide steps on the reference path: tiled product, weights read once per kTileRows rows.
             cuda::TileJob j;
             j.w = m;
             j.x = static_cast<const float*>(a.x.data);
@@ -521,12 +573,16 @@ class CudaBackend final : public Backend {
     return take_error_if_eager();
   }
 
-  // One launch when every matrix has the format and width of the first and the step is narrow; otherwise
-  // the products one by one (the same kernels either way, so the results are identical).
+  // One launch when every matrix has the format and width of the first (decode steps, and prefill on the
+  // tensor cores); otherwise the products one by one (the same kernels either way, so the results are
+  // identical).
   Status matmuls(const MatmulsArgs& a) override {
     const size_t count = a.targets.size();
     if (count == 0) return Status::ok();
-    bool fused = count <= static_cast<size_t>(cuda::kMaxMulti) && a.x.rows <= cuda::kMaxRows;
+    const Kernels k = kernels_for(a.prefill, a.x.rows);
+    const size_t max_fused =
+        static_cast<size_t>(k == Kernels::kTensorCores ? cuda::kMmaMaxParts : cuda::kMaxMulti);
+    bool fused = count <= max_fused && k != Kernels::kTiled;
     cuda::GemvMulti g;
     int64_t end = 0;
     for (size_t i = 0; i < count && fused; ++i) {
@@ -548,9 +604,21 @@ class CudaBackend final : public Backend {
     g.count = static_cast<int>(count);
     sig_.add(OpTag::kMatmuls);
     sig_.add(a.x);
+    sig_.add(k);
     for (const MatmulTarget& t : a.targets) {
       sig_.add(t.w.index);
       sig_.add(t.out);
+    }
+    if (k == Kernels::kTensorCores) {
+      cuda::MmaJob j;
+      for (size_t i = 0; i < count; ++i) {
+        j.part[i] = mma_part(g.m[i], a.x, a.targets[i].out, i == 0 ? 0 : j.part[i - 1].n_tiles_end);
+      }
+      j.parts = static_cast<int>(count);
+      const int tiles = mma_row_tiles(a.x.rows);
+      submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmuls prefill", end,
+             g.m[0].cols);
+      return take_error_if_eager();
     }
     const float* x = static_cast<const float*>(a.x.data);
     const int64_t xs = a.x.stride;
@@ -563,6 +631,7 @@ class CudaBackend final : public Backend {
   Status gated_attention(const GatedAttentionArgs& a) override;
   Status gated_delta_net(const GatedDeltaNetArgs& a) override;
   Status moe(const MoeArgs& a) override;
+  Status sample(const SampleArgs& a) override;
 
   Status argmax(const ArgmaxArgs& a) override {
     PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
@@ -603,6 +672,16 @@ class CudaBackend final : public Backend {
 
   bool recording() const { return step_depth_ > 0 && !step_eager_; }
 
+  // Which kernels run a product or MoE block: decode (row-exact, up to kMaxRows rows per launch), prefill on
+  // the tensor cores (gemm_mma.cu, moe_grouped.cu), or the tiled CUDA-core kernels they replaced (the
+  // reference path, for wide steps only).
+  enum class Kernels : int32_t { kDecode, kTensorCores, kTiled };
+  Kernels kernels_for(bool prefill, int64_t rows) const {
+    if (!prefill && rows <= cuda::kMaxRows) return Kernels::kDecode;
+    if (!reference_prefill_) return Kernels::kTensorCores;
+    return rows <= cuda::kMaxRows ? Kernels::kDecode : Kernels::kTiled;
+  }
+
   Status check_device(const char* op, const Tensor& t) const {
     if (t.device != Device::kCuda)
       return make_error(ErrorCode::kInvalidArgument, "{}: tensor is not CUDA memory", op);
@@ -634,6 +713,12 @@ class CudaBackend final : public Backend {
   }
 
  public:
+  void set_reference_prefill(bool on) {
+    if (on == reference_prefill_) return;
+    reference_prefill_ = on;
+    clear_graphs();
+  }
+
   void set_profiling(bool on) {
     if (on && prof_start_ == nullptr) {
       cudaEventCreate(&prof_start_);
@@ -787,8 +872,10 @@ class CudaBackend final : public Backend {
     return p;
   }
 
-  // Copies (or generates, for synthetic sources) matrix m into device memory at data / scales / biases.
-  Status fill_matrix(const Matrix& m, void* data, void* scales, void* biases) {
+  // Generates matrix m at data / scales / biases (synthetic sources), or appends its host ranges to `copies`
+  // for one staged upload (weight_upload.h).
+  Status fill_matrix(const Matrix& m, void* data, void* scales, void* biases,
+                     std::vector<CopyRange>* copies) {
     const MatrixLayout l = layout_of(m);
     if (const synth::SynthSource* src = synth::find_source(m.data)) {
       if (m.format == WeightFormat::kAffine) {
@@ -806,10 +893,10 @@ class CudaBackend final : public Backend {
       PD_CUDA_TRY(cudaStreamSynchronize(stream_));
       return Status::ok();
     }
-    PD_CUDA_TRY(cudaMemcpy(data, m.data, static_cast<size_t>(l.data_bytes), cudaMemcpyHostToDevice));
+    copies->push_back({data, m.data, static_cast<size_t>(l.data_bytes)});
     if (m.format == WeightFormat::kAffine) {
-      PD_CUDA_TRY(cudaMemcpy(scales, m.scales, static_cast<size_t>(l.scale_bytes), cudaMemcpyHostToDevice));
-      PD_CUDA_TRY(cudaMemcpy(biases, m.biases, static_cast<size_t>(l.scale_bytes), cudaMemcpyHostToDevice));
+      copies->push_back({scales, m.scales, static_cast<size_t>(l.scale_bytes)});
+      copies->push_back({biases, m.biases, static_cast<size_t>(l.scale_bytes)});
     }
     return Status::ok();
   }
@@ -838,8 +925,10 @@ class CudaBackend final : public Backend {
       d.scales = base + data_bytes;
       d.biases = base + data_bytes + scale_bytes;
     }
-    PD_TRY(
-        fill_matrix(m, const_cast<void*>(d.data), const_cast<void*>(d.scales), const_cast<void*>(d.biases)));
+    std::vector<CopyRange> copies;
+    PD_TRY(fill_matrix(m, const_cast<void*>(d.data), const_cast<void*>(d.scales), const_cast<void*>(d.biases),
+                       &copies));
+    PD_TRY(uploader_->copy(copies));
     return d;
   }
 
@@ -866,6 +955,7 @@ class CudaBackend final : public Backend {
       d.scales = base + e * d.data_stride;
       d.biases = base + e * (d.data_stride + d.scale_stride);
     }
+    std::vector<CopyRange> copies;
     for (int64_t i = 0; i < e; ++i) {
       uint8_t* sc = d.fmt == WFmt::kAffine
                         ? const_cast<uint8_t*>(static_cast<const uint8_t*>(d.scales)) + i * d.scale_stride
@@ -873,8 +963,9 @@ class CudaBackend final : public Backend {
       uint8_t* bi = d.fmt == WFmt::kAffine
                         ? const_cast<uint8_t*>(static_cast<const uint8_t*>(d.biases)) + i * d.scale_stride
                         : nullptr;
-      PD_TRY(fill_matrix(ms[static_cast<size_t>(i)], base + i * d.data_stride, sc, bi));
+      PD_TRY(fill_matrix(ms[static_cast<size_t>(i)], base + i * d.data_stride, sc, bi, &copies));
     }
+    PD_TRY(uploader_->copy(copies));
     return d;
   }
 
@@ -910,15 +1001,18 @@ class CudaBackend final : public Backend {
   bool graph_timed_ = false;
   std::chrono::steady_clock::time_point step_begin_time_;
   bool graphs_enabled_ = true;
+  bool reference_prefill_ = false;
 
   std::vector<void*> weights_;  // device allocations of bound weights
   std::vector<DevMatrix> matrices_;
   std::vector<DevVector> vectors_;
   std::vector<BoundMoe> moes_;
-  int64_t bound_bytes_ = 0;
+  std::atomic<int64_t> bound_bytes_{0};  // read by load-progress reports from another thread
 
   static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
-  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_;
+  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_, sample_scratch_;
+  unsigned long long* experts_read_ = nullptr;  // distinct experts read by decode MoE chunks, ever
+  int* router_ticket_ = nullptr;                // MoeLaunch::router_ticket
   std::vector<void*> retired_device_;
   std::vector<uint8_t*> retired_host_;
 
@@ -928,6 +1022,7 @@ class CudaBackend final : public Backend {
   bool step_recorded_ = false;
   Signature sig_;
   std::vector<Launch> pending_;
+  std::unique_ptr<cuda::WeightUploader> uploader_;
   uint8_t* staging_ = nullptr;
   size_t staging_bytes_ = 0;
   size_t staging_used_ = 0;
@@ -935,6 +1030,71 @@ class CudaBackend final : public Backend {
   CudaStepStats stats_;
   Status sticky_;
 };
+
+cuda::SampleRowParams row_params(const SampleParams& p) {
+  return {.temperature = p.temperature,
+          .top_k = p.top_k,
+          .top_p = p.top_p,
+          .min_p = p.min_p,
+          .presence = p.presence_penalty,
+          .frequency = p.frequency_penalty,
+          .repetition = p.repetition_penalty};
+}
+
+// The kernels (sampling_*.cu) are C++17 and cannot see backend.h: they repeat its layout constants.
+static_assert(kSampleMaxRows == 16 && kSampleMaxLogprobs == 20 && kHistoryPromptBit == (1 << 30) &&
+              kControlSeed == 0 && kControlPosition == 1 && kControlUniforms == 2 && kSampleOutStatus == 0 &&
+              kSampleOutAccepted == 3 && kSampleOutTokens == 4 && kSampleMaxVocab == (1 << 20));
+static_assert(static_cast<int>(SampleStatus::kNonFinite) == 1 &&
+              static_cast<int>(SampleStatus::kAllMasked) == 2 &&
+              static_cast<int>(SampleStatus::kDraftNotInDraft) == 3 &&
+              static_cast<int>(SampleStatus::kBadToken) == 4);
+
+Status CudaBackend::sample(const SampleArgs& a) {
+  PD_TRY(validate_sample(a, Device::kCuda));
+  const bool needs_q = a.rule == SampleRule::kTokenwise || a.rule == SampleRule::kBlock;
+  cuda::SampleLaunch l;
+  l.rule = static_cast<int>(a.rule);
+  l.faulty = a.faulty;
+  l.target = row_params(a.target);
+  l.draft = row_params(a.draft);
+  l.logits = static_cast<const float*>(a.logits.data);
+  l.logits_stride = a.logits.stride;
+  l.rows = static_cast<int>(a.logits.rows);
+  l.vocab = static_cast<int>(a.logits.cols);
+  l.draft_rows = needs_q ? l.rows - 1 : 0;
+  if (l.draft_rows > 0) {
+    l.draft_logits = static_cast<const float*>(a.draft_logits.data);
+    l.draft_stride = a.draft_logits.stride;
+  }
+  l.drafts = static_cast<int32_t*>(a.drafts.data);
+  l.prior = a.prior;
+  l.write_draft = a.write_draft ? 1 : 0;
+  l.bias = static_cast<const float*>(a.bias.data);
+  l.history = static_cast<int32_t*>(a.history.data);
+  l.commit = a.commit ? 1 : 0;
+  l.control = static_cast<const int64_t*>(a.control.data);
+  l.logprobs = a.logprobs;
+  l.out = static_cast<int32_t*>(a.out.data);
+  PD_ASSIGN_OR_RETURN(l.scratch, scratch(sample_scratch_, cuda::sample_scratch_bytes(l.rows, l.draft_rows,
+                                                                                     l.vocab, l.logprobs)));
+  sig_.add(OpTag::kSample);
+  for (int32_t v :
+       {l.rule, l.faulty, l.prior, l.write_draft, l.commit, l.logprobs, a.target.top_k, a.draft.top_k}) {
+    sig_.add(v);
+  }
+  for (const SampleParams* p : {&a.target, &a.draft}) {
+    for (float f : {p->temperature, p->top_p, p->min_p, p->presence_penalty, p->frequency_penalty,
+                    p->repetition_penalty}) {
+      sig_.add_f(f);
+    }
+  }
+  for (const Tensor* t : {&a.logits, &a.draft_logits, &a.drafts, &a.bias, &a.history, &a.control, &a.out}) {
+    sig_.add(*t);
+  }
+  submit([l](cudaStream_t s) { cuda::launch_sample(l, s); }, "sample");
+  return take_error_if_eager();
+}
 
 Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   const AttentionDims& d = a.dims;
@@ -967,11 +1127,9 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   }
   PD_ASSIGN_OR_RETURN(const DevVector* qn, vector("gated_attention", a.q_norm, d.head_dim));
   PD_ASSIGN_OR_RETURN(const DevVector* kn, vector("gated_attention", a.k_norm, d.head_dim));
-  const int64_t floats = cuda::attention_scratch_floats(d.num_heads, d.head_dim, a.cache.k.rows);
-  PD_ASSIGN_OR_RETURN(void* scr, scratch(attn_scratch_, floats * 4));
-
   cuda::AttentionLaunch l;
   l.smem_limit = smem_optin_;
+  l.multiprocessors = info_.multiprocessors;
   l.num_heads = d.num_heads;
   l.num_kv_heads = d.num_kv_heads;
   l.head_dim = d.head_dim;
@@ -995,6 +1153,8 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   l.out = static_cast<float*>(a.out.data);
   l.out_stride = a.out.stride;
   l.rows = static_cast<int>(rows);
+  l.prefill = a.prefill && !reference_prefill_;
+  PD_ASSIGN_OR_RETURN(void* scr, scratch(attn_scratch_, cuda::attention_scratch_floats(l) * 4));
   l.scratch = static_cast<float*>(scr);
 
   sig_.add(OpTag::kAttention);
@@ -1004,18 +1164,14 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   for (const Tensor* t : {&a.qg, &a.k, &a.v, &a.positions, &a.cache.k, &a.cache.v, &a.out}) sig_.add(*t);
   sig_.add(a.q_norm.index);
   sig_.add(a.k_norm.index);
+  sig_.add(static_cast<int32_t>(l.prefill));
   submit([l](cudaStream_t s) { cuda::launch_attention(l, s); }, "gated_attention");
   return take_error_if_eager();
 }
 
 Status CudaBackend::gated_delta_net(const GatedDeltaNetArgs& a) {
+  PD_TRY(validate_gated_delta_net(Device::kCuda, a));
   const GdnDims& d = a.dims;
-  if (d.num_k_heads <= 0 || d.num_v_heads <= 0 || d.num_v_heads % d.num_k_heads != 0 || d.k_head_dim <= 0 ||
-      d.v_head_dim <= 0 || d.conv_kernel < 1) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "gated_delta_net: bad dims (k heads {}, v heads {}, k dim {}, v dim {}, kernel {})",
-                      d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel);
-  }
   if (!cuda::gdn_supported(d.k_head_dim, d.v_head_dim) || d.conv_kernel > cuda::kMaxConvKernel) {
     return make_error(
         ErrorCode::kUnsupported,
@@ -1023,40 +1179,24 @@ Status CudaBackend::gated_delta_net(const GatedDeltaNetArgs& a) {
         "8..128 (multiples of 8) and conv kernels up to {} (got {}, {}, {})",
         cuda::kMaxConvKernel, d.k_head_dim, d.v_head_dim, d.conv_kernel);
   }
+  if (a.prefill && cuda::gdn_prefill_smem_bytes(d.k_head_dim, d.v_head_dim) > smem_optin_) {
+    return make_error(
+        ErrorCode::kUnsupported,
+        "gated_delta_net: the prefill kernels need {} bytes of shared memory for key head dim {} "
+        "and value head dim {}; the device allows {}",
+        cuda::gdn_prefill_smem_bytes(d.k_head_dim, d.v_head_dim), d.k_head_dim, d.v_head_dim, smem_optin_);
+  }
   const int64_t rows = a.qkv.rows;
-  const int64_t key_dim = int64_t{d.num_k_heads} * d.k_head_dim;
-  const int64_t value_dim = int64_t{d.num_v_heads} * d.v_head_dim;
-  const int64_t channels = 2 * key_dim + value_dim;
-  const int64_t state_size = int64_t{d.num_v_heads} * d.k_head_dim * d.v_head_dim;
-  PD_TRY(check_tensor("gated_delta_net", "qkv", a.qkv, DType::kF32, -1, channels));
-  PD_TRY(check_tensor("gated_delta_net", "z", a.z, DType::kF32, rows, value_dim));
-  PD_TRY(check_tensor("gated_delta_net", "b", a.b, DType::kF32, rows, d.num_v_heads));
-  PD_TRY(check_tensor("gated_delta_net", "a", a.a, DType::kF32, rows, d.num_v_heads));
-  PD_TRY(check_tensor("gated_delta_net", "out", a.out, DType::kF32, rows, value_dim));
-  PD_TRY(
-      check_tensor("gated_delta_net", "state.conv", a.state.conv, DType::kF32, d.conv_kernel - 1, channels));
-  PD_TRY(check_tensor("gated_delta_net", "state.recurrent", a.state.recurrent, DType::kF32, d.num_v_heads,
-                      int64_t{d.k_head_dim} * d.v_head_dim));
-  if (!a.state.conv.contiguous() || !a.state.recurrent.contiguous()) {
-    return make_error(ErrorCode::kInvalidArgument, "gated_delta_net: state tensors must be contiguous");
-  }
-  if (!a.snapshots.empty()) {
-    PD_TRY(check_tensor("gated_delta_net", "snapshots.conv", a.snapshots.conv, DType::kF32, -1,
-                        (d.conv_kernel - 1) * channels));
-    PD_TRY(check_tensor("gated_delta_net", "snapshots.recurrent", a.snapshots.recurrent, DType::kF32,
-                        a.snapshots.conv.rows, state_size));
-    if (a.snapshots.conv.rows < rows) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "gated_delta_net: {} snapshot rows for a step of {} rows", a.snapshots.conv.rows,
-                        rows);
-    }
-  }
+  const int64_t channels = 2 * int64_t{d.num_k_heads} * d.k_head_dim + int64_t{d.num_v_heads} * d.v_head_dim;
   PD_ASSIGN_OR_RETURN(const DevVector* conv1d, vector("gated_delta_net", a.conv1d, channels * d.conv_kernel));
   PD_ASSIGN_OR_RETURN(const DevVector* a_log, vector("gated_delta_net", a.A_log, d.num_v_heads));
   PD_ASSIGN_OR_RETURN(const DevVector* dt_bias, vector("gated_delta_net", a.dt_bias, d.num_v_heads));
   PD_ASSIGN_OR_RETURN(const DevVector* norm, vector("gated_delta_net", a.norm, d.v_head_dim));
-  PD_ASSIGN_OR_RETURN(void* scr,
-                      scratch(gdn_scratch_, cuda::gdn_scratch_floats(static_cast<int>(channels)) * 4));
+  const int64_t scratch_floats =
+      a.prefill ? cuda::gdn_prefill_scratch_floats(static_cast<int>(channels), d.num_v_heads, d.k_head_dim,
+                                                   d.v_head_dim, static_cast<int>(rows))
+                : cuda::gdn_scratch_floats(static_cast<int>(channels));
+  PD_ASSIGN_OR_RETURN(void* scr, scratch(gdn_scratch_, scratch_floats * 4));
 
   cuda::GdnLaunch g;
   g.num_k_heads = d.num_k_heads;
@@ -1089,16 +1229,30 @@ Status CudaBackend::gated_delta_net(const GatedDeltaNetArgs& a) {
   g.out_stride = a.out.stride;
   g.rows = static_cast<int>(rows);
   g.scratch = static_cast<float*>(scr);
+  if (a.prefill) {
+    g.chunk_offset = a.position % cuda::kGdnPrefillChunk;
+    const cuda::GdnPrefillCaps caps = cuda::gdn_prefill_caps(g.rows);
+    g.seg_rows_cap = caps.rows;
+    g.seg_chunks_cap = caps.chunks;
+  }
 
   sig_.add(OpTag::kGdn);
-  for (int v : {d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel}) sig_.add(v);
+  // A recorded prefill replays its chunk boundaries: they depend on the position modulo the chunk only.
+  for (int v : {d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel, int{a.prefill},
+                g.chunk_offset}) {
+    sig_.add(v);
+  }
   sig_.add_f(d.eps);
   for (const Tensor* t : {&a.qkv, &a.z, &a.b, &a.a, &a.state.conv, &a.state.recurrent, &a.snapshots.conv,
                           &a.snapshots.recurrent, &a.out}) {
     sig_.add(*t);
   }
   for (VectorId id : {a.conv1d, a.A_log, a.dt_bias, a.norm}) sig_.add(id.index);
-  submit([g](cudaStream_t s) { cuda::launch_gated_delta_net(g, s); }, "gated_delta_net");
+  if (a.prefill) {
+    submit([g](cudaStream_t s) { cuda::launch_gated_delta_net_prefill(g, s); }, "gated_delta_net prefill");
+  } else {
+    submit([g](cudaStream_t s) { cuda::launch_gated_delta_net(g, s); }, "gated_delta_net");
+  }
   return take_error_if_eager();
 }
 
@@ -1114,8 +1268,12 @@ Status CudaBackend::moe(const MoeArgs& a) {
     return make_error(ErrorCode::kUnsupported,
                       "moe: x must be 16-byte aligned with a row stride divisible by 4");
   }
-  const int64_t bytes = cuda::moe_scratch_bytes(m.launch.experts, m.launch.top_k, m.launch.hidden,
-                                                m.launch.inter, m.launch.shared_inter);
+  const Kernels k = kernels_for(a.prefill, a.x.rows);
+  const cuda::MoeLaunch& b = m.launch;
+  const int64_t bytes = k == Kernels::kTensorCores
+                            ? cuda::moe_grouped_scratch_bytes(static_cast<int>(a.x.rows), b.experts, b.top_k,
+                                                              b.hidden, b.inter, b.shared_inter)
+                            : cuda::moe_scratch_bytes(b.experts, b.top_k, b.hidden, b.inter, b.shared_inter);
   PD_ASSIGN_OR_RETURN(void* scr, scratch(moe_scratch_, bytes));
   cuda::MoeLaunch l = m.launch;
   l.x = static_cast<const float*>(a.x.data);
@@ -1125,18 +1283,24 @@ Status CudaBackend::moe(const MoeArgs& a) {
   l.accumulate = a.accum == Accum::kAdd;
   l.rows = static_cast<int>(a.x.rows);
   l.scratch = scr;
+  l.experts_read = experts_read_;
+  l.router_ticket = router_ticket_;
   sig_.add(OpTag::kMoe);
   sig_.add(a.moe.index);
   sig_.add(static_cast<int32_t>(a.accum));
   sig_.add(a.x);
   sig_.add(a.out);
+  sig_.add(k);
+  if (k == Kernels::kTensorCores) {
+    submit([l](cudaStream_t s) { cuda::launch_moe_grouped(l, s); }, "moe prefill");
+    return take_error_if_eager();
+  }
   if (profiling_ && !recording()) {
     double ms[cuda::kMoePhases] = {};
     cuda::launch_moe_profiled(l, stream_, ms);
     note_error(cudaGetLastError(), "kernel launch");
     static const char* const kPhases[cuda::kMoePhases] = {
-        "moe: router + shared gate products", "moe: route (softmax, top-k)", "moe: gate/up experts",
-        "moe: down experts + combine"};
+        "moe: router + shared gate + route", "moe: gate/up experts", "moe: down experts + combine"};
     for (int i = 0; i < cuda::kMoePhases; ++i) {
       CudaOpTime& t = profile_[kPhases[i]];
       ++t.count;
@@ -1216,10 +1380,20 @@ std::optional<CudaDeviceInfo> cuda_device_info(const Backend& backend) {
   return b->info();
 }
 
+Expected<int64_t> cuda_moe_experts_read(Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  if (b == nullptr) return make_error(ErrorCode::kUnsupported, "not the CUDA backend");
+  return b->experts_read();
+}
+
 std::optional<CudaStepStats> cuda_step_stats(const Backend& backend) {
   const auto* b = dynamic_cast<const CudaBackend*>(&backend);
   if (b == nullptr) return std::nullopt;
   return b->stats();
+}
+
+void set_cuda_reference_prefill(Backend& backend, bool on) {
+  if (auto* b = dynamic_cast<CudaBackend*>(&backend)) b->set_reference_prefill(on);
 }
 
 void set_cuda_op_profiling(Backend& backend, bool on) {

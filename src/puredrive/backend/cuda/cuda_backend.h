@@ -52,6 +52,14 @@ struct CudaOpTime {
 std::optional<CudaDeviceInfo> cuda_device_info(const Backend& backend);
 std::optional<CudaStepStats> cuda_step_stats(const Backend& backend);
 void set_cuda_op_profiling(Backend& backend, bool on);
+// Distinct routed experts read by the decode MoE kernels since the backend was made, summed over layers and
+// steps (waits for queued work): the expert bytes a verify step must read depend on how its rows' selections
+// overlap.
+Expected<int64_t> cuda_moe_experts_read(Backend& backend);
+// Runs steps wider than kMaxRows through the tiled CUDA-core kernels the tensor-core prefill kernels replaced
+// (gemm_tiled.cu, moe.cu's wide path), and prefill steps of up to kMaxRows rows through the decode kernels:
+// the reference for tests and for measuring the prefill kernels. Drops the cached graphs.
+void set_cuda_reference_prefill(Backend& backend, bool on);
 std::vector<CudaOpTime> cuda_op_profile(const Backend& backend);  // sorted by total time, largest first
 
 // An NVTX range around host code, so a profiler (ncu --nvtx --nvtx-include NAME/) can select the kernels

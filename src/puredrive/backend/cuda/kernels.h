@@ -15,9 +15,10 @@ namespace pd::cuda {
 
 constexpr int kMaxRows = 8;  // rows one launch of a weight-reading kernel handles (registers per thread)
 constexpr int kBlock = 256;  // threads of a matrix-vector block: 8 warps, one output row per warp at a time
-constexpr int kAttnSplit = 128;  // attention split-K: cache positions [c * kAttnSplit, (c + 1) * kAttnSplit)
-constexpr int kMaxGroup = 16;    // query heads per KV head
-constexpr int kMaxTopK = 32;     // experts per token
+constexpr int kAttnSplit =
+    128;  // float32-cache attention split-K: positions [c * kAttnSplit, (c + 1) * kAttnSplit)
+constexpr int kMaxGroup = 16;      // query heads per KV head
+constexpr int kMaxTopK = 32;       // experts per token
 constexpr int kMaxConvKernel = 8;  // GDN conv taps
 
 enum class WFmt : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kAffine = 3 };
@@ -66,6 +67,49 @@ struct TileJob {
 };
 // groups: experts (grid z) when the job has a list, else 1; max_rows bounds the rows of any group.
 void launch_tiled(const TileJob& j, int groups, int max_rows, cudaStream_t stream);
+
+// ---- Tensor-core products for prefill (gemm_mma.cu) ----
+// A prefill step (MatmulArgs::prefill, or R > kMaxRows) runs its products on the tensor cores (mma.sync
+// m16n8k16, bf16 inputs, f32 accumulation) in tiles of kMmaRows activation rows x kMmaCols weight rows.
+// Precision: each f32 activation is split into bf16 hi + lo (x = hi + lo to 16 significant bits), each
+// weight likewise unless it is bf16 already (exact), and a product is hi*hi + lo*hi (+ hi*lo), so results
+// agree with the f32 CPU backend to about 1e-5 relative. Every output element sums over the columns in
+// ascending stages of kMmaK in one fixed order, and its value depends only on its own activation row and
+// weight row: not on R, on the row's place in its tile, or on the other rows (docs/DESIGN.md §4.6).
+constexpr int kMmaRows = 64;
+constexpr int kMmaCols = 128;  // weight rows per tile (a gate/up pair: 64 outputs, rows interleaved)
+constexpr int kMmaMaxParts = 4;
+// A part: one matrix (or a gate/up pair) applied to a set of activation rows. Parts of a job are laid out
+// along the grid's y axis (n_tiles_end: cumulative weight-row tiles), activation-row tiles along x.
+struct MmaPart {
+  DevMatrix w, w2;  // w2: the up projection of a dual job
+  const float* x = nullptr;
+  int64_t xs = 0;
+  float* out = nullptr;
+  int64_t os = 0;
+  int n_tiles_end = 0;
+  int rows = 0;      // plain part: activation rows 0..rows-1, written to the same rows of out
+  int grouped = 0;   // rows from the job's expert lists; w/w2 are stacked experts
+  int list_div = 1;  // grouped: list entry v reads activation row v / list_div and writes out row v
+};
+struct MmaJob {
+  MmaPart part[kMmaMaxParts];
+  int parts = 0;
+  int dual = 0;        // out = silu(x . W^T) * (x . W2^T)
+  int accumulate = 0;  // out = out + x . W^T (not dual)
+  // Expert lists of grouped parts (moe_partition.h): entries of expert e are list[e * list_stride + i],
+  // i < count[e]; its row tiles are [tile_start[e], tile_start[e + 1]).
+  const int* list = nullptr;
+  int64_t list_stride = 0;
+  const int* count = nullptr;
+  const int* tile_start = nullptr;
+  int experts = 0;
+};
+// m_tiles: the grid's x extent (the most row tiles any part can have; blocks past a part's tiles exit).
+// Every part of a job has the weight format of part[0] (dual: w and w2 may differ from each other).
+void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream);
+// Opts the kernels into the shared memory they need; called once by the backend.
+void init_mma_kernels();
 
 // ---- Dense ops (ops_dense.cu) ----
 void launch_gemv(const DevMatrix& w, const float* x, int64_t x_stride, float* out, int64_t out_stride,
@@ -116,14 +160,16 @@ struct AttentionLaunch {
   float* out = nullptr;
   int64_t out_stride = 0;
   int rows = 0;
+  bool prefill = false;           // a prefill piece: the flash kernel whatever rows (when it supports a)
   size_t smem_limit = 48 * 1024;  // dynamic shared memory a block may use (set_attention_smem_limit)
+  int multiprocessors = 0;        // of the device: sizes the decode grid
   // Scratch (attention_scratch_floats): normalised queries and the split-K partial results.
   float* scratch = nullptr;
 };
-int64_t attention_scratch_floats(int num_heads, int head_dim, int64_t capacity);
-// Dynamic shared memory of the split kernel (staged: each split's bf16 keys and values copied in), and the
-// opt-in above 48 KiB that staging needs (set once by the backend to the device's limit).
-size_t attention_smem_bytes(int num_heads, int num_kv_heads, int head_dim, bool staged);
+// Scratch floats launch_attention needs for a (everything but the scratch pointer filled in).
+int64_t attention_scratch_floats(const AttentionLaunch& a);
+// The opt-in above 48 KiB of dynamic shared memory that the tensor-core kernels need (set once by the
+// backend to the device's limit, which it passes as smem_limit).
 void set_attention_smem_limit(size_t bytes);
 void launch_attention(const AttentionLaunch& a, cudaStream_t stream);
 
@@ -152,12 +198,35 @@ struct GdnLaunch {
   float* out = nullptr;
   int64_t out_stride = 0;
   int rows = 0;
-  float* scratch = nullptr;  // gdn_scratch_floats
+  float* scratch = nullptr;  // gdn_scratch_floats, or gdn_prefill_scratch_floats for the prefill kernels
+  // Prefill (gdn_prefill.cu): the absolute position of row 0 modulo kGdnPrefillChunk, and the scratch layout
+  // (gdn_prefill_caps).
+  int chunk_offset = 0;
+  int seg_rows_cap = 0, seg_chunks_cap = 0;
 };
 constexpr int kGdnChunk = 64;  // rows per conv + recurrence pass (bounds the scratch)
 int64_t gdn_scratch_floats(int channels);
 bool gdn_supported(int k_head_dim, int v_head_dim);
 void launch_gated_delta_net(const GdnLaunch& g, cudaStream_t stream);
+// The recurrence + gated norm of rows [r0, r0 + rows) (rows <= kGdnChunk) from the conv outputs.
+void launch_gdn_recurrent(const GdnLaunch& g, int r0, int rows, const float* conv_out, cudaStream_t stream);
+
+// ---- Gated DeltaNet prefill: the chunked form over position-aligned chunks (gdn_prefill.cu) ----
+constexpr int kGdnPrefillChunk = 64;   // positions per chunk (backend.h kGdnPrefillChunk)
+constexpr int kGdnSegmentChunks = 16;  // chunks per pass of the three chunk kernels (bounds the scratch)
+struct GdnPrefillCaps {
+  int rows = 0;    // rows of one segment's per-row scratch
+  int chunks = 0;  // chunks of one segment
+};
+// The scratch a step of `rows` rows needs: one segment of at most kGdnSegmentChunks chunks at a time.
+GdnPrefillCaps gdn_prefill_caps(int rows);
+int64_t gdn_prefill_scratch_floats(int channels, int num_v_heads, int k_head_dim, int v_head_dim, int rows);
+// Dynamic shared memory the prefill kernels need (the largest of them); set_gdn_prefill_smem_limit() opts
+// them in to `bytes` (the device's limit, set once by the backend).
+size_t gdn_prefill_smem_bytes(int k_head_dim, int v_head_dim);
+void set_gdn_prefill_smem_limit(size_t bytes);
+// Dims as gdn_supported(); g.chunk_offset, g.seg_*_cap and g.scratch set for the prefill.
+void launch_gated_delta_net_prefill(const GdnLaunch& g, cudaStream_t stream);
 
 // ---- Sparse MoE block (moe.cu) ----
 struct MoeLaunch {
@@ -179,12 +248,33 @@ struct MoeLaunch {
   bool accumulate = false;  // out = out + block output
   int rows = 0;
   void* scratch = nullptr;  // moe_scratch_bytes
+  // Router blocks finished: zero between launches (the last block resets it). Not in the scratch, which the
+  // wide path lays out differently.
+  int* router_ticket = nullptr;
+  // When set, the number of distinct experts each decode chunk reads is added to it (bytes accounting).
+  unsigned long long* experts_read = nullptr;
 };
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
+// Decode steps (chunks of kMaxRows rows); steps wider than kMaxRows run the tiled reference path.
 void launch_moe(const MoeLaunch& m, cudaStream_t stream);
-// The same with the device time of its phases added to ms (router products, route, gate/up, down + combine);
+// Prefill (moe_grouped.cu): the block as grouped tensor-core products over every row of the step at once;
+// scratch: moe_grouped_scratch_bytes for m.rows rows.
+int64_t moe_grouped_scratch_bytes(int rows, int experts, int top_k, int hidden, int inter, int shared_inter);
+void launch_moe_grouped(const MoeLaunch& m, cudaStream_t stream);
+// The pieces of the block both paths share (moe.cu): routing of `rows` rows from their router logits
+// [rows, E] into sel/wts [rows, K] (ascending expert id), and the combine
+// out[r] (=|+=) ((0 + w_1 y_1) + w_2 y_2 ...) + sigmoid(sg[r]) * ys[r] over y [rows * K, H] and ys [rows, H].
+void launch_moe_route_rows(const MoeLaunch& m, int rows, const float* logits, int* sel, float* wts,
+                           cudaStream_t stream);
+void launch_moe_combine(const MoeLaunch& m, int rows, const float* y, const float* wts, const float* sg,
+                        const float* ys, cudaStream_t stream);
+// The counting sort of a step's (row, slot) pairs by expert (moe_grouped.cu; host reference in
+// moe_partition.h): list [E, rows], count [E], tile_start [E + 1] from sel [rows, K].
+void launch_moe_partition(const int* sel, int rows, int top_k, int experts, int* list, int* count,
+                          int* tile_start, cudaStream_t stream);
+// The same with the device time of its phases added to ms (router products + route, gate/up, down + combine);
 // synchronises (profiling only).
-constexpr int kMoePhases = 4;
+constexpr int kMoePhases = 3;
 void launch_moe_profiled(const MoeLaunch& m, cudaStream_t stream, double ms[kMoePhases]);
 
 // ---- Synthetic weights (synth.cu; formulas in synth_rng.h) ----

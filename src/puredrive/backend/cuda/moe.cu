@@ -1,7 +1,8 @@
 // The sparse MoE block (backend.h MoeArgs; spec §6) per chunk of up to kMaxRows rows, with no host
-// synchronisation: the router and shared-expert gate products, then
-// 1. route (one block): fp32 softmax, top-k by (probability desc, id asc), renormalised in selection order,
-//    sorted by expert id; the list of experts any row selected, ascending, and each expert's slot per row;
+// synchronisation:
+// 1. the router and shared-expert gate products (one launch), whose last block to finish routes the chunk:
+//    fp32 softmax, top-k by (probability desc, id asc), renormalised in selection order, sorted by expert id;
+//    the list of experts any row selected, ascending;
 // 2. up: grid over (used expert, output rows) plus the shared expert: act = silu(x Wg^T) * (x Wu^T) for the
 //    rows that selected the expert; blocks past the number of used experts exit;
 // 3. down: the same grid over the hidden outputs: y = act Wd^T;
@@ -19,7 +20,6 @@ struct MoeScratch {
   float* sg;      // [kMaxRows]
   int* sel;       // [kMaxRows][K], ascending expert id
   float* wts;     // [kMaxRows][K]
-  int* slot_of;   // [E][kMaxRows]: slot of the expert in the row's selection, or -1
   int* used;      // [E]: selected experts, ascending
   int* count;     // [1]: number of used experts
   float* act;     // [kMaxRows][K][I]
@@ -45,7 +45,6 @@ MoeScratch carve(void* base, int E, int K, int H, int I, int Is, int64_t* total)
   s.sg = reinterpret_cast<float*>(take(int64_t{kMaxRows} * 4));
   s.sel = reinterpret_cast<int*>(take(int64_t{kMaxRows} * K * 4));
   s.wts = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * 4));
-  s.slot_of = reinterpret_cast<int*>(take(int64_t{E} * kMaxRows * 4));
   s.used = reinterpret_cast<int*>(take(int64_t{E} * 4));
   s.count = reinterpret_cast<int*>(take(4));
   s.act = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * I * 4));
@@ -56,50 +55,49 @@ MoeScratch carve(void* base, int E, int K, int H, int I, int Is, int64_t* total)
   return s;
 }
 
-// Routes one row with one warp (spec §6): fp32 softmax over the E logits, top-k by (probability desc, id
-// asc), weights renormalised in selection order when norm, written to sel/wts sorted by expert id (the order
-// in which the combine sums), and to sel_copy when given. Every reduction is lane-strided then an xor
-// butterfly, so the result depends only on the row. p: E floats of this warp's shared memory; top_id/top_p:
-// kMaxTopK entries of it.
-__device__ void route_row(const float* logits, int E, int K, bool norm, float* p, int* top_id, float* top_p,
-                          int* sel, float* wts, int* sel_copy) {
+// Routes one row with one warp (spec §6): fp32 softmax over the E <= 32 EPL logits, top-k by (probability
+// desc, id asc), weights renormalised in selection order when norm, written to sel/wts sorted by expert id
+// (the order in which the combine sums). Lane l holds experts l + 32 j in registers; every reduction is
+// lane-strided in j order then an xor butterfly, so the result depends only on the row.
+template <int EPL>
+__device__ void route_row_regs(const float* logits, int E, int K, bool norm, int* sel, float* wts) {
   const int lane = static_cast<int>(threadIdx.x & 31);
+  float p[EPL];
   float mx = -INFINITY;
-  // Eight loads per lane in flight, then into shared memory.
-  for (int e0 = 0; e0 < E; e0 += 8 * 32) {
-    float v[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int e = e0 + lane + 32 * j;
-      v[j] = e < E ? logits[e] : -INFINITY;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int e = e0 + lane + 32 * j;
-      if (e < E) p[e] = v[j];
-      mx = fmaxf(mx, v[j]);
-    }
+  for (int j = 0; j < EPL; ++j) {
+    const int e = lane + 32 * j;
+    p[j] = e < E ? logits[e] : -INFINITY;
+    mx = fmaxf(mx, p[j]);
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   float sum = 0.0f;
-  for (int e = lane; e < E; e += 32) {
-    p[e] = expf(p[e] - mx);
-    sum = sum + p[e];
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) {
+    if (lane + 32 * j < E) {
+      p[j] = expf(p[j] - mx);
+      sum = sum + p[j];
+    }
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum = sum + __shfl_xor_sync(0xffffffffu, sum, off);
-  for (int e = lane; e < E; e += 32) p[e] = p[e] / sum;
-  uint32_t taken = 0;  // bit j: expert lane + 32 j is selected
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) p[j] = lane + 32 * j < E ? p[j] / sum : -1.0f;
+  // Round i's winner is kept by lane i.
+  int my_id = E;
+  float my_p = 0.0f;
   for (int i = 0; i < K; ++i) {
     float bv = -1.0f;
-    int bi = E;
-    for (int e = lane, j = 0; e < E; e += 32, ++j) {
-      if (((taken >> j) & 1u) == 0 && p[e] > bv) {
-        bv = p[e];
-        bi = e;
+    int bj = 0;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+      if (p[j] > bv) {  // ascending j: the lowest id wins a tie within the lane
+        bv = p[j];
+        bj = j;
       }
     }
+    int bi = bv >= 0.0f ? lane + 32 * bj : E;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       const float v2 = __shfl_xor_sync(0xffffffffu, bv, off);
@@ -109,85 +107,121 @@ __device__ void route_row(const float* logits, int E, int K, bool norm, float* p
         bi = i2;
       }
     }
-    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-    if (lane == 0) {
-      top_id[i] = bi;
-      top_p[i] = bv;
-    }
-  }
-  if (lane == 0) {
-    float top = 0.0f;
-    for (int i = 0; i < K; ++i) top += top_p[i];
-    int ids[kMaxTopK];
-    float ws[kMaxTopK];
-    for (int i = 0; i < K; ++i) {
-      // Insertion by ascending id.
-      const int id = top_id[i];
-      const float w = norm ? top_p[i] / top : top_p[i];
-      int at = i;
-      while (at > 0 && ids[at - 1] > id) {
-        ids[at] = ids[at - 1];
-        ws[at] = ws[at - 1];
-        --at;
+    if ((bi & 31) == lane) {
+#pragma unroll
+      for (int j = 0; j < EPL; ++j) {
+        if (j == (bi >> 5)) p[j] = -1.0f;
       }
-      ids[at] = id;
-      ws[at] = w;
     }
-    for (int i = 0; i < K; ++i) {
-      sel[i] = ids[i];
-      wts[i] = ws[i];
-      if (sel_copy != nullptr) sel_copy[i] = ids[i];
+    if (lane == i) {
+      my_id = bi;
+      my_p = bv;
     }
+  }
+  float top = 0.0f;  // in selection order
+  for (int i = 0; i < K; ++i) top += __shfl_sync(0xffffffffu, my_p, i);
+  // Lane i < K writes its expert at its rank by id.
+  int rank = 0;
+  for (int i = 0; i < K; ++i) rank += __shfl_sync(0xffffffffu, my_id, i) < my_id ? 1 : 0;
+  if (lane < K) {
+    sel[rank] = my_id;
+    wts[rank] = norm ? my_p / top : my_p;
   }
 }
 
-// Shared memory of a route block: per warp E probabilities and the top-k ids and probabilities.
-inline size_t route_smem(int E, int warps) {
-  return static_cast<size_t>(warps) * (static_cast<size_t>(E) + 2 * kMaxTopK) * sizeof(float);
+// Routes row `logits` with the calling warp (E <= 1024).
+__device__ __forceinline__ void route_row(const float* logits, int E, int K, bool norm, int* sel,
+                                          float* wts) {
+  if (E <= 256) {
+    route_row_regs<8>(logits, E, K, norm, sel, wts);
+  } else if (E <= 512) {
+    route_row_regs<16>(logits, E, K, norm, sel, wts);
+  } else {
+    route_row_regs<32>(logits, E, K, norm, sel, wts);
+  }
 }
 
-// Warp r routes row r; then thread e (blockDim >= E) finds expert e's slot in each row (from a shared copy of
-// the selections) and the ascending list of experts any row selected.
-__global__ void __launch_bounds__(1024) moe_route_kernel(int E, int K, int rows, int norm, MoeScratch s) {
-  pdl_enter();
-  extern __shared__ float smem[];
-  __shared__ int s_scan[32];
-  __shared__ int s_sel[kMaxRows * kMaxTopK];
-  const int warp = static_cast<int>(threadIdx.x >> 5);
-  if (warp < rows) {
-    float* p = smem + static_cast<int64_t>(warp) * (E + 2 * kMaxTopK);
-    route_row(s.logits + static_cast<int64_t>(warp) * E, E, K, norm != 0, p, reinterpret_cast<int*>(p + E),
-              p + E + kMaxTopK, s.sel + warp * K, s.wts + warp * K, s_sel + warp * K);
-  }
-  __syncthreads();
-  const int e = static_cast<int>(threadIdx.x);
-  // Slots and the ascending list of used experts (exclusive scan of the "used" flags).
-  int flag = 0;
-  if (e < E) {
-    for (int r = 0; r < kMaxRows; ++r) {
-      int slot = -1;
-      if (r < rows) {
-        for (int i = 0; i < K; ++i) {
-          if (s_sel[r * K + i] == e) slot = i;
+// The router and shared-expert gate products of a chunk (output n < E: router row n, n == E: the gate, when
+// with_gate), one warp per output as gemv; the last block to finish then routes every row (warp r routes
+// row r) and writes the ascending list of used experts (a popcount scan over a bitmask of the selections).
+constexpr int kMaxExpertWords = 32;  // experts <= 1024
+
+template <int FMT, int BITS, int NR>
+__global__ void __launch_bounds__(kBlock)
+    moe_router_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, int with_gate, MoeScratch s) {
+  __shared__ int last;
+  __shared__ uint32_t bits[kMaxExpertWords];
+  __shared__ int before[kMaxExpertWords];
+  const int E = m.experts, K = m.top_k;
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * (kBlock / 32);
+  const int64_t total = E + with_gate;
+  const float* xr[NR];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) xr[r] = x + r * xs;
+  const uint32_t mask = (1u << rows) - 1u;
+  pdl_launch_dependents();
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * (kBlock / 32) + warp;
+  if (first < E) prefetch_row_l2(m.router, m.router.data, first, lane);
+  pdl_wait();
+  for (int64_t n = first; n < total; n += stride) {
+    const DevMatrix& w = n < E ? m.router : m.shared_gate;
+    const int64_t local = n < E ? n : 0;
+    float acc[NR] = {};
+    dot_rows<FMT, BITS, true, NR>(w, w.data, w.scales, w.biases, local, xr, mask, lane, acc);
+    warp_sum_rows<NR>(acc, rows);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        if (r < rows) {
+          if (n < E) {
+            s.logits[r * E + n] = acc[r];
+          } else {
+            s.sg[r] = acc[r];
+          }
         }
       }
-      s.slot_of[e * kMaxRows + r] = slot;
-      if (slot >= 0) flag = 1;
     }
   }
-  const int lane = e & 31;
-  int incl = flag;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, incl, off);
-    if (lane >= off) incl += y;
-  }
-  if (lane == 31) s_scan[warp] = incl;
   __syncthreads();
-  int before = 0;
-  for (int w = 0; w < warp; ++w) before += s_scan[w];
-  if (flag != 0) s.used[before + incl - 1] = e;
-  if (e == static_cast<int>(blockDim.x) - 1) *s.count = before + incl;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(m.router_ticket, 1) == static_cast<int>(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < kMaxExpertWords) bits[threadIdx.x] = 0;
+  if (warp < rows)
+    route_row(s.logits + static_cast<int64_t>(warp) * E, E, K, m.norm_topk, s.sel + warp * K,
+              s.wts + warp * K);
+  __syncthreads();
+  for (int t = static_cast<int>(threadIdx.x); t < rows * K; t += kBlock) {
+    const int e = s.sel[t];
+    atomicOr(&bits[e >> 5], 1u << (e & 31));
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int c = __popc(bits[lane]);
+    int incl = c;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    before[lane] = incl - c;
+    if (lane == 31) {
+      *s.count = incl;
+      *m.router_ticket = 0;
+      if (m.experts_read != nullptr) atomicAdd(m.experts_read, static_cast<unsigned long long>(incl));
+    }
+  }
+  __syncthreads();
+  // Expert e's place in the ascending list: the used experts in the words before, then the bits below it.
+  for (int e = static_cast<int>(threadIdx.x); e < E; e += kBlock) {
+    const uint32_t word = bits[e >> 5], bit = 1u << (e & 31);
+    if (word & bit) s.used[before[e >> 5] + __popc(word & (bit - 1u))] = e;
+  }
 }
 
 __device__ __forceinline__ void expert_ptrs(const DevMatrix& m, int e, const void** d, const void** sc,
@@ -207,24 +241,38 @@ __device__ __forceinline__ void expert_ptrs(const DevMatrix& m, int e, const voi
 template <int FMT, int BITS, int NR>
 __global__ void __launch_bounds__(kBlock)
     moe_up_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, int umax, int first, MoeScratch s) {
-  pdl_enter();
   const int u = first + static_cast<int>(blockIdx.x);
   const bool shared = u == umax;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t n = static_cast<int64_t>(blockIdx.y) * (kBlock / 32) + (threadIdx.x >> 5);
+  const int64_t width = shared ? m.shared_inter : m.inter;
+  pdl_launch_dependents();
+  if (shared && n < width) {  // the shared expert's rows are known before the route
+    prefetch_row_l2(m.sh_gate, m.sh_gate.data, n, lane);
+    prefetch_row_l2(m.sh_up, m.sh_up.data, n, lane);
+  }
+  pdl_wait();
   int e = 0;
   if (!shared) {
     if (u >= *s.count) return;
     e = s.used[u];
   }
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t n = static_cast<int64_t>(blockIdx.y) * (kBlock / 32) + (threadIdx.x >> 5);
-  const int64_t width = shared ? m.shared_inter : m.inter;
   if (n >= width) return;
   int slot[NR];
   uint32_t mask = 0;
   const float* xr[NR];
 #pragma unroll
   for (int r = 0; r < NR; ++r) {
-    slot[r] = r < rows ? (shared ? 0 : s.slot_of[e * kMaxRows + r]) : -1;
+    slot[r] = -1;
+    if (r < rows) {
+      if (shared) {
+        slot[r] = 0;
+      } else {
+        for (int i = 0; i < m.top_k; ++i) {
+          if (s.sel[r * m.top_k + i] == e) slot[r] = i;
+        }
+      }
+    }
     if (slot[r] >= 0) mask |= 1u << r;
     xr[r] = x + r * xs;
   }
@@ -418,13 +466,10 @@ MoeWide carve_wide(void* base, int E, int K, int H, int I, int Is, int64_t* tota
 // Warp w of block b routes row 8 b + w, with the decode route's arithmetic.
 __global__ void __launch_bounds__(kBlock)
     moe_route_rows_kernel(int E, int K, int rows, int norm, MoeScratch s) {
-  extern __shared__ float smem[];
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int r = static_cast<int>(blockIdx.x) * (kBlock / 32) + warp;
   if (r >= rows) return;
-  float* p = smem + static_cast<int64_t>(warp) * (E + 2 * kMaxTopK);
-  route_row(s.logits + static_cast<int64_t>(r) * E, E, K, norm != 0, p, reinterpret_cast<int*>(p + E),
-            p + E + kMaxTopK, s.sel + r * K, s.wts + r * K, nullptr);
+  route_row(s.logits + static_cast<int64_t>(r) * E, E, K, norm != 0, s.sel + r * K, s.wts + r * K);
 }
 
 // One thread per expert: its entries in ascending row order.
@@ -457,8 +502,8 @@ void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
     j.out = w.s.sg;
     j.os = 1;
     launch_tiled(j, 1, n, stream);
-    moe_route_rows_kernel<<<grid_for(n, kBlock / 32), kBlock, route_smem(m.experts, kBlock / 32), stream>>>(
-        m.experts, m.top_k, n, m.norm_topk ? 1 : 0, w.s);
+    moe_route_rows_kernel<<<grid_for(n, kBlock / 32), kBlock, 0, stream>>>(m.experts, m.top_k, n,
+                                                                           m.norm_topk ? 1 : 0, w.s);
     moe_bucket_kernel<<<grid_for(m.experts, 128), 128, 0, stream>>>(m.experts, m.top_k, n, w);
     // Routed experts: gate/up into act[entry], then down into y[entry].
     TileJob up;
@@ -512,6 +557,28 @@ void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
 
 }  // namespace
 
+void launch_moe_route_rows(const MoeLaunch& m, int rows, const float* logits, int* sel, float* wts,
+                           cudaStream_t stream) {
+  MoeScratch s{};
+  s.logits = const_cast<float*>(logits);
+  s.sel = sel;
+  s.wts = wts;
+  moe_route_rows_kernel<<<grid_for(rows, kBlock / 32), kBlock, 0, stream>>>(
+      m.experts, m.top_k, rows, m.norm_topk ? 1 : 0, s);
+}
+
+void launch_moe_combine(const MoeLaunch& m, int rows, const float* y, const float* wts, const float* sg,
+                        const float* ys, cudaStream_t stream) {
+  MoeScratch s{};
+  s.y = const_cast<float*>(y);
+  s.wts = const_cast<float*>(wts);
+  s.sg = const_cast<float*>(sg);
+  s.ys = const_cast<float*>(ys);
+  const int64_t total = static_cast<int64_t>(rows) * m.hidden;
+  const unsigned blocks = grid_for(total, kBlock) < 4096 ? grid_for(total, kBlock) : 4096;
+  moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, 0, rows, s);
+}
+
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter) {
   int64_t total = 0, wide = 0;
   carve(nullptr, experts, top_k, hidden, inter, shared_inter, &total);
@@ -525,9 +592,6 @@ namespace {
 void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
   const MoeScratch s = carve(m.scratch, m.experts, m.top_k, m.hidden, m.inter, m.shared_inter, nullptr);
   const int up_width = m.inter > m.shared_inter ? m.inter : m.shared_inter;
-  // The route block: a warp per row, then a thread per expert.
-  const int route_threads = m.experts <= kBlock ? kBlock : (m.experts + 31) / 32 * 32;
-  const size_t smem = route_smem(m.experts, kMaxRows);
   auto mark = [&](int i) {
     if (ev != nullptr) cudaEventRecord(ev[i], stream);
   };
@@ -535,26 +599,16 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
     const int n = m.rows - r0 < kMaxRows ? m.rows - r0 : kMaxRows;
     const float* x = m.x + r0 * m.x_stride;
     mark(0);
-    if (m.router_gate_fused) {
-      GemvMulti g;
-      g.m[0] = m.router;
-      g.m[1] = m.shared_gate;
-      g.out[0] = s.logits;
-      g.out[1] = s.sg;
-      g.os[0] = m.experts;
-      g.os[1] = 1;
-      g.end[0] = m.experts;
-      g.end[1] = m.experts + 1;
-      g.count = 2;
-      launch_gemv_multi(g, x, m.x_stride, n, stream);
-    } else {
-      launch_gemv(m.router, x, m.x_stride, s.logits, m.experts, n, false, stream);
-      launch_gemv(m.shared_gate, x, m.x_stride, s.sg, 1, n, false, stream);
-    }
+    // Router (+ shared gate when it has the router's format) and route in one launch.
+    if (!m.router_gate_fused) launch_gemv(m.shared_gate, x, m.x_stride, s.sg, 1, n, false, stream);
+    const dim3 router_grid(grid_for(m.experts + (m.router_gate_fused ? 1 : 0), kBlock / 32));
+    with_format(m.router.fmt, m.router.bits, [&](auto f) {
+      with_rows_class(n, [&](auto nr) {
+        launch_pdl(moe_router_kernel<decltype(f)::kFmt, decltype(f)::kBits, decltype(nr)::value>, router_grid,
+                   dim3(kBlock), 0, stream, m, x, m.x_stride, n, m.router_gate_fused ? 1 : 0, s);
+      });
+    });
     mark(1);
-    launch_pdl(moe_route_kernel, dim3(1), dim3(route_threads), smem, stream, m.experts, m.top_k, n,
-               m.norm_topk ? 1 : 0, s);
-    mark(2);
     const int umax = n * m.top_k < m.experts ? n * m.top_k : m.experts;
     // The routed experts and, when it shares their format, the shared expert (block umax) in one launch.
     const unsigned up_rows = grid_for(up_width, kBlock / 32);
@@ -575,11 +629,11 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
     };
     up(m.gate, m.up, static_cast<unsigned>(split ? umax : umax + 1), 0);
     if (split) up(m.sh_gate, m.sh_up, 1, umax);
-    mark(3);
+    mark(2);
     MoeLaunch chunk = m;
     chunk.out = m.out + r0 * m.out_stride;
     launch_down_combine(chunk, n, s, stream);
-    mark(4);
+    mark(3);
   }
 }
 

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# A/B on the GPU machine: the decode benchmark of two bundles (build/device-bundle.tar.xz, the candidate, and
+# build/base-bundle.tar.xz, the baseline; both made by prepare.sh) interleaved in one run, so the comparison
+# does not depend on the machine's state that day; plus the candidate's CUDA tests and `check` on the
+# fixtures when its bundle has them. Usage (device tool):
+#   run(command="bash bench/device/compare.sh", carry=["build/device-bundle.tar.xz", "build/base-bundle.tar.xz"])
+# Environment: PD_QUANTS (default "bf16 q8 q6"), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2),
+# PD_TOKENS (default 256), PD_TEST_S (seconds per test binary, default 200), PD_NCU_QUANTS (candidate only, default none), PD_SKIP_TESTS=1, PD_CAND_LONG (contexts
+# for one more candidate-only bf16 bench, --fill auto: synthetic above 64K, e.g. 32k,128k,256k; default none).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=${OUT:-/tmp/pd-compare-out}
+mkdir -p "$out"
+det=$out/detail  # logs and records, packed into detail.tar.gz at the end (the device tool returns few files)
+mkdir -p "$det"
+export PATH=$PATH:/usr/local/cuda/bin
+unpack() {  # tarball -> folder
+  local dir=$root/build/$2
+  rm -rf "$dir" "$root/build/device-bundle.tmp"
+  mkdir -p "$root/build/device-bundle.tmp"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$root/build/device-bundle.tmp"
+  mv "$root/build/device-bundle.tmp/device-bundle" "$dir"
+  rm -rf "$root/build/device-bundle.tmp"
+  local src
+  src=$(cat "$dir/source_dir")
+  if [ "$src" != "$root" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
+}
+unpack build/device-bundle.tar.xz cand
+unpack build/base-bundle.tar.xz base
+for b in cand base; do echo "$b: $(head -2 build/$b/build_info.txt | tr '\n' ' ')"; done | tee "$out/summary.txt"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$out/summary.txt"
+
+with() {  # bundle command...
+  local b=$1
+  shift
+  LD_LIBRARY_PATH=$root/build/$b/lib "$@"
+}
+if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
+  for t in cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests; do
+    [ -x build/cand/bin/$t ] || continue
+    with cand timeout "${PD_TEST_S:-200}" build/cand/bin/$t >"$det/$t.log" 2>&1
+    echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+    grep -E '^\[  FAILED  \]' "$det/$t.log" | head -20 | tee -a "$out/summary.txt"
+  done
+  if [ -x build/cand/bin/puredrive_check ]; then
+    for d in tests/fixtures/*/ models/tiny-coder/; do
+      d=${d%/}
+      [ -f "$d/config.json" ] || continue
+      [ "$d" = tests/fixtures/tiny-coder ] && continue
+      case "$d" in models/*) ;; *) [ -f "$d/reference.json" ] || continue ;; esac
+      with cand timeout "${PD_CHECK_S:-60}" build/cand/bin/puredrive_check check --model "$d" --backend cuda \
+        >"$det/check_$(basename "$d").log" 2>&1
+      echo "check $d rc=$? $(tail -1 "$det/check_$(basename "$d").log")" | tee -a "$out/summary.txt"
+    done
+  fi
+fi
+for q in ${PD_QUANTS:-bf16 q8 q6}; do
+  for round in $(seq "${PD_ROUNDS:-2}"); do
+    for b in base cand; do
+      j=$det/bench_${b}_${q}_$round.json
+      with $b timeout 150 build/$b/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
+        --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 --json "$j" \
+        --commit "$(awk '/^commit/ {print $2}' build/$b/build_info.txt)" --note "$(sed -n 2p build/$b/build_info.txt)" \
+        >"$det/bench_${b}_${q}_$round.log" 2>&1
+      python3 - "$j" "$b" "$round" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"{sys.argv[2]} round {sys.argv[3]}: no record ({e})"); sys.exit()
+for c in j["cells"]:
+    v = c["verify"]
+    fr = f", bytes ratio {v['floor_ratio']:.2f}" if "floor_ratio" in v else ""
+    g = c.get("cuda_graphs") or {}
+    print(f"{j['model']['quant']:>4} {sys.argv[2]} r{sys.argv[3]} ctx {c['context']:>6}: {c['decode_tokens_per_second']:7.1f} tok/s "
+          f"({100*c['fraction_of_floor']:4.1f}% of {c['floor_tokens_per_second']:.0f}), step {c['step_ms_median']:.3f} ms, "
+          f"R={v['rows']}/R=1 {v['ratio']:.2f}{fr}, nodes {g.get('nodes_in_decode_graph','-')}, prefill {c.get('prefill_tokens_per_second') or 0:.0f} tok/s, "
+          f"row-exact {j.get('row_exact_check',{}).get('pass')}")
+PY
+    done
+  done
+done
+if [ -n "${PD_CAND_LONG:-}" ]; then
+  with cand timeout 300 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant bf16 \
+    --contexts "$PD_CAND_LONG" --fill auto --tokens 128 --profile-steps 2 --json "$det/bench_cand_long.json" \
+    --commit "$(awk '/^commit/ {print $2}' build/cand/build_info.txt)" --note "$(sed -n 2p build/cand/build_info.txt)" \
+    >"$det/bench_cand_long.log" 2>&1
+  echo "long-context bench rc=$?" | tee -a "$out/summary.txt"
+  tail -8 "$det/bench_cand_long.log" | tee -a "$out/summary.txt"
+fi
+for q in ${PD_NCU_QUANTS:-}; do
+  ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_decode_step/ \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
+    --log-file "$det/ncu_$q.csv" env LD_LIBRARY_PATH=$root/build/cand/lib build/cand/bin/puredrive_device bench \
+    --synth qwen3.5-35b-a3b --quant "$q" --contexts 2k --tokens 4 --verify-iters 1 --profile-steps 1 >/dev/null 2>&1
+  python3 - "$det/ncu_$q.csv" "$q" <<'PY' | tee -a "$out/summary.txt"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows: print("ncu: no data"); sys.exit()
+h = rows[0]; rows = rows[1:]
+ki, mi, vi, ii = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
+k = collections.defaultdict(lambda: [0, 0.0, 0.0]); seen = {}
+for r in rows:
+    name = r[ki].split("(")[0].split("<")[0].replace("void ", "").strip(); kid = r[ii]
+    v = float(r[vi].replace(",", "")) if r[vi] else 0.0
+    if r[mi] == "gpu__time_duration.sum": k[name][0] += 1; k[name][1] += v * 1e-9
+    elif r[mi].startswith("dram__bytes"): k[name][2] += v
+tt = sum(x[1] for x in k.values()); tb = sum(x[2] for x in k.values())
+print(f"ncu {sys.argv[2]}: {sum(x[0] for x in k.values())} kernels, {tt*1e3:.3f} ms, {tb/1e9:.2f} GB, {tb/tt/1e12:.2f} TB/s")
+for n, (c, t, b) in sorted(k.items(), key=lambda kv: -kv[1][1]):
+    print(f"    {n:<34} {c:4d} x {t/c*1e6:6.1f} us = {t*1e3:6.3f} ms  {b/t/1e12 if t else 0:5.2f} TB/s")
+PY
+done
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$out/summary.txt"
+tar -czf "$out/detail.tar.gz" -C "$out" detail && rm -rf "$det"

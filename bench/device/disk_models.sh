@@ -1,0 +1,104 @@
+# Checkpoints on disk at full scale (issue 16), sourced by bench/device/run.sh, which defines run_phase, row,
+# note, left, $bin, $bundle, $out, $log, $summary. For every recipe in PD_DISK_MODELS (e.g. "q8 oq6e"; bf16
+# needs about 72 GB of disk): `synth --write` the synthetic Qwen3.5-35B-A3B checkpoint (PD_DISK_ARCH) to local
+# disk (PD_DISK_DIR, default /tmp/pd-disk) with the Qwen tokenizer and the Qwen3.5 chat template, read its
+# weights through the upload reader (`bench --read-weights`), run `bench --model` (PD_DISK_CONTEXTS, default
+# 2k; greedy and greedy-mtp, PD_DISK_RUNS runs of PD_DISK_TOKENS tokens), serve it and drive it with the
+# OpenAI client (bench/api_bench.py, MTP draft 0 and 2), and `bench --synth` on the same weights; then delete
+# the checkpoint (one at a time: q8 and oq6e together pass the machine's 64 GB). Records go to $OUT:
+# synth_write_Q.json, read_Q.json, bench_model_Q.json, api_Q.json, bench_synth_Q.json, and a comparison in the
+# summary. Needs the full CLI and the openai client in the bundle: PD_WITH_SERVE=1 PD_WITH_API=1
+# bench/device/prepare.sh. PD_DISK_S caps each phase (default 420 s).
+
+disk_models() {
+  [ -n "${PD_DISK_MODELS:-}" ] || return 0
+  local full=$bin/puredrive arch=${PD_DISK_ARCH:-qwen3.5-35b-a3b} disk=${PD_DISK_DIR:-/tmp/pd-disk}
+  local secs=${PD_DISK_S:-420} ctxs=${PD_DISK_CONTEXTS:-2k} ntok=${PD_DISK_TOKENS:-512} runs=${PD_DISK_RUNS:-3}
+  local commit dirty
+  commit=$(awk '/^commit/ {print $2}' "$bundle/build_info.txt")
+  dirty=$(sed -n 2p "$bundle/build_info.txt")
+  if [ ! -x "$full" ]; then
+    row "disk models" "SKIPPED (no bin/puredrive: PD_WITH_SERVE=1 bench/device/prepare.sh)"
+    return 0
+  fi
+  mkdir -p "$disk/tokenizer"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    tests/data/qwen3/tokenizer.json.tar.xz "$disk/tokenizer"
+  cp tests/data/qwen3/tokenizer_config.json "$disk/tokenizer/"
+  # The openai client, carried as wheels by prepare.sh (the GPU machine has no network).
+  local pypath=$disk/site
+  if ls "$bundle"/wheels/openai-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$pypath" \
+      "$bundle"/wheels/*.whl >>"$log" 2>&1 || note "installing the openai wheels failed"
+  fi
+  for q in $PD_DISK_MODELS; do
+    local dir=$disk/$arch-$q
+    rm -rf "$dir"
+    local need_gb free_gb
+    case "$q" in bf16) need_gb=72 ;; q8) need_gb=39 ;; *) need_gb=32 ;; esac
+    [ "$arch" = qwen3.5-35b-a3b ] || need_gb=1
+    free_gb=$(df -Pk "$disk" | awk 'NR == 2 {print int($4 / 1048576)}')
+    if [ "$free_gb" -lt "$need_gb" ]; then
+      row "disk $q" "SKIPPED ($need_gb GB needed, $free_gb GB free in $disk)"
+      continue
+    fi
+    run_phase "synth --write $arch $q" "$secs" sh -c "\"$full\" synth --arch $arch --quant $q --write \"$dir\" \
+      --tokenizer \"$disk/tokenizer\" --chat-template tests/data/templates/Qwen3.5-4B.jinja --json -q \
+      >\"$out/synth_write_$q.json\""
+    [ -f "$dir/config.json" ] || continue
+    # Twice through the upload's reader: disk (or the page cache the write left), then the page cache.
+    run_phase "read weights $q" "$secs" "$full" bench --model "$dir" --read-weights --json "$out/read_$q.json"
+    run_phase "bench --model $q" "$secs" "$full" bench --model "$dir" --contexts "$ctxs" --tokens "$ntok" \
+      --runs "$runs" --modes greedy,greedy-mtp --json "$out/bench_model_$q.json" --commit "$commit" --note "$dirty"
+    if [ -d "$pypath/openai" ]; then
+      run_phase "api_bench $q" "$secs" env PYTHONPATH="$pypath" python3 bench/api_bench.py --bin "$full" \
+        --model "$dir" --contexts "$ctxs" --tokens "$ntok" --runs "$runs" --mtp-drafts 0,2 \
+        --json "$out/api_$q.json" --commit "$commit" --note "$dirty"
+    else
+      row "api_bench $q" "SKIPPED (no openai client: PD_WITH_API=1 bench/device/prepare.sh)"
+    fi
+    run_phase "bench --synth $q (same weights)" "$secs" "$bin/puredrive_device" bench --synth "$arch" --quant "$q" \
+      --contexts "$ctxs" --tokens "$ntok" --prefill-chunk 64 --json "$out/bench_synth_$q.json" --commit "$commit" \
+      --note "$dirty"
+    rm -rf "$dir"
+    python3 - "$out" "$q" >>"$summary" <<'PY'
+import json, os, sys
+out, q = sys.argv[1], sys.argv[2]
+def load(name):
+    p = os.path.join(out, f"{name}_{q}.json")
+    return json.load(open(p)) if os.path.exists(p) else None
+w, r, b, a, s = (load(n) for n in ("synth_write", "read", "bench_model", "api", "bench_synth"))
+if w:
+    print(f"  {q}: written {w['bytes'] / 1e9:.1f} GB in {w['seconds']:.1f} s "
+          f"({w['bytes'] / 1e9 / w['seconds']:.2f} GB/s), peak RSS {w['peak_rss_bytes'] / 1e9:.2f} GB")
+if r:
+    p = r["passes"]
+    print(f"  {q}: upload reader pread {p[0]['bytes_per_second'] / 1e9:.1f} then {p[1]['bytes_per_second'] / 1e9:.1f}"
+          f" GB/s, mmap {p[2]['bytes_per_second'] / 1e9:.1f} GB/s, peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB")
+ref = {}
+if b:
+    ld = b["model"]["load"]
+    print(f"  {q}: bench --model load {ld['total_seconds']:.1f} s (upload {ld['upload_seconds']:.1f} s, "
+          f"{(ld['upload_bytes_per_second'] or 0) / 1e9:.1f} GB/s); greedy identity "
+          f"{b.get('greedy_mtp_identical')}")
+    for x in b.get("summary", []):
+        ref[(x["mode"], x["context"])] = x["decode_tokens_per_second_median"]
+        print(f"  {q}: bench --model ctx {x['context']} {x['mode']:>10}: {x['decode_tokens_per_second_median']:.1f} "
+              f"tok/s ({x['decode_tokens_per_second_min']:.1f}..{x['decode_tokens_per_second_max']:.1f})"
+              + (f", {x['tokens_per_cycle_median']:.2f} tok/cycle" if "tokens_per_cycle_median" in x else ""))
+if a:
+    for srv in a["servers"]:
+        print(f"  {q}: serve --mtp-draft {srv['mtp_draft']} listening after {srv['listen_seconds']:.1f} s "
+              f"(model ready {srv.get('model_ready_seconds', '?')} s)")
+    for x in a["summary"]:
+        mode = "greedy" if x["mtp_draft"] == 0 else "greedy-mtp"
+        base = ref.get((mode, x["context"]))
+        rel = f", {100 * x['decode_tokens_per_second_median'] / base:.1f}% of bench --model" if base else ""
+        print(f"  {q}: API k={x['mtp_draft']} ctx {x['context']}: {x['decode_tokens_per_second_median']:.1f} tok/s, "
+              f"TTFT {x['ttft_seconds_median']:.3f} s{rel}")
+if s:
+    for c in s["cells"]:
+        print(f"  {q}: bench --synth ctx {c['context']}: {c['decode_tokens_per_second']:.1f} tok/s")
+PY
+  done
+}

@@ -1,0 +1,404 @@
+// Split-K GQA decode / verify attention on the tensor cores (bf16 KV cache, up to kMaxRows rows).
+//
+// Work item = (split c of split size S, KV head kh): the keys [c S, (c + 1) S) of one KV head are read once,
+// 64 at a time, for every query head of the group and every row of the step whose split plan
+// (attention_plan.h) has that split; rows whose positions give another S form another class of items. Per
+// 64-key tile: scores S^T = K . Q^T (M = keys, N = queries: a one-row step of a group of 8 fills an mma
+// exactly), the tile's online-softmax update per query, then O^T += V^T . P^T. Queries and probabilities
+// enter the bf16 mma as hi + lo pairs (split_bf16), so scores and weights keep about 16 bits instead of 8.
+// The item's unnormalised output, max and sum are written as a partial; attention.cu merges the partials in
+// ascending split order and applies the gate.
+//
+// Row-exactness (docs/DESIGN.md §4.1): a query's arithmetic depends only on its row's position: the splits
+// are fixed by it, the tiles of a split are visited in order, each score and output element is an mma
+// element with a fixed k order, and the softmax reductions are per query in a fixed order. A tile past a
+// row's position is skipped for that row (its state is kept, not multiplied by one); keys past the position
+// inside its last tile get probability exactly zero, whatever the cache holds there (other rows' new keys, or
+// zero fill).
+#include "puredrive/backend/cuda/attention_mma.cuh"
+
+namespace pd::cuda {
+namespace {
+
+using attn::kPad;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kScStride = kAttnTile + 4;  // f32 scores per query row (bank-conflict-free stores)
+constexpr int kPStride = kAttnTile + 8;   // bf16 probabilities per query row
+
+// The rows of a launch grouped by split size: class j holds the rows (bit mask) whose S(p) is split[j], and
+// its items are first[j] .. first[j + 1] - 1, split-major.
+struct Plan {
+  int pos[kMaxRows];  // -1: not a valid position (no output from this kernel)
+  int split[kMaxRows];
+  unsigned rows[kMaxRows];
+  int first[kMaxRows + 1];
+  int classes;
+};
+
+// Shared memory of a block for head dim D and nq (a multiple of 8) query columns, all of it dynamic (the
+// opt-in limit then applies to the whole); every part 16-byte aligned.
+struct Layout {
+  size_t k, v, qhi, qlo, sc, phi, plo, m, l, alpha, plan, bytes;
+};
+__host__ __device__ inline Layout layout(int D, int nq) {
+  Layout o{};
+  const size_t tile = static_cast<size_t>(kAttnTile) * (D + kPad) * 2;
+  const size_t q = static_cast<size_t>(nq) * (D + kPad) * 2;
+  o.k = 0;
+  o.v = o.k + tile;
+  o.qhi = o.v + tile;
+  o.qlo = o.qhi + q;
+  o.sc = o.qlo + q;
+  o.phi = o.sc + static_cast<size_t>(nq) * kScStride * 4;
+  o.plo = o.phi + static_cast<size_t>(nq) * kPStride * 2;
+  o.m = o.plo + static_cast<size_t>(nq) * kPStride * 2;
+  o.l = o.m + static_cast<size_t>(nq) * 4;
+  o.alpha = o.l + static_cast<size_t>(nq) * 4;
+  o.plan = o.alpha + static_cast<size_t>(nq) * 4;
+  o.bytes = o.plan + (sizeof(Plan) + 15) / 16 * 16;
+  return o;
+}
+
+__device__ void make_plan(const AttentionLaunch& a, int r0, int nrows, Plan* p) {
+  int n = 0;
+  int most[kMaxRows];
+  for (int r = 0; r < nrows; ++r) {
+    const int32_t pos = a.positions[static_cast<int64_t>(r0 + r) * a.position_stride];
+    const bool valid = pos >= 0 && pos < a.capacity;
+    p->pos[r] = valid ? pos : -1;
+    if (!valid) continue;
+    const int s = attn_split_size(pos, a.num_kv_heads);
+    int j = 0;
+    while (j < n && p->split[j] != s) ++j;
+    if (j == n) {
+      p->split[j] = s;
+      p->rows[j] = 0;
+      most[j] = 0;
+      ++n;
+    }
+    p->rows[j] |= 1u << r;
+    const int ns = attn_num_splits(pos, a.num_kv_heads);
+    most[j] = ns > most[j] ? ns : most[j];
+  }
+  p->first[0] = 0;
+  for (int j = 0; j < n; ++j) p->first[j + 1] = p->first[j] + most[j] * a.num_kv_heads;
+  p->classes = n;
+}
+
+// Scores of the tile: sc[q][t] = (k_t . q_hi + k_t . q_lo) * scale. Task (key block mi of 16, query block ni
+// of 8) per warp; the hi and lo products accumulate in separate chains.
+template <int NT>
+__device__ __forceinline__ void tile_scores(const uint16_t* ks, const uint16_t* qhi, const uint16_t* qlo,
+                                            float* sc, int D, float scale) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int g = lane >> 2, t = lane & 3, ld = D + kPad;
+  for (int task = warp; task < 4 * NT; task += kWarps) {
+    const int mi = task & 3, ni = task >> 2;
+    float hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // A = K (keys x dims): matrix i of the ldmatrix is keys +8 (i & 1), dims +8 (i >> 1).
+    const uint16_t* ka = ks + (mi * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4);
+    const uint16_t* qh = qhi + (ni * 8 + g) * ld + 2 * t;
+    const uint16_t* ql = qlo + (ni * 8 + g) * ld + 2 * t;
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      uint32_t a[4];
+      attn::ldmatrix_x4(a, ka + k0);
+      attn::mma_bf16(hi, a, attn::ld_pair(qh + k0), attn::ld_pair(qh + k0 + 8));
+      attn::mma_bf16(lo, a, attn::ld_pair(ql + k0), attn::ld_pair(ql + k0 + 8));
+    }
+    const int key = mi * 16 + g, q = ni * 8 + 2 * t;
+    sc[q * kScStride + key] = (hi[0] + lo[0]) * scale;
+    sc[(q + 1) * kScStride + key] = (hi[1] + lo[1]) * scale;
+    sc[q * kScStride + key + 8] = (hi[2] + lo[2]) * scale;
+    sc[(q + 1) * kScStride + key + 8] = (hi[3] + lo[3]) * scale;
+  }
+}
+
+// Online-softmax update of the tile at keys [t0, t0 + 64), one warp per query: new max, probabilities (hi /
+// lo bf16 for the mma), sum, and the factor alpha that rescales the query's output; alpha = -1 marks a query
+// that this tile does not touch (padding, a row outside the item, or a tile past the row's position).
+__device__ __forceinline__ void tile_softmax(const float* sc, uint16_t* phi, uint16_t* plo, float* ms,
+                                             float* ls, float* alphas, int nq_pad, int nq, int group,
+                                             const Plan& plan, unsigned active, int t0) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  for (int q = warp; q < nq_pad; q += kWarps) {
+    uint16_t* ph = phi + q * kPStride;
+    uint16_t* pl = plo + q * kPStride;
+    const int r = q < nq ? q / group : 0;
+    const bool on = q < nq && ((active >> r) & 1u) != 0 && t0 <= plan.pos[r];
+    if (!on) {
+      ph[lane] = 0;
+      ph[lane + 32] = 0;
+      pl[lane] = 0;
+      pl[lane + 32] = 0;
+      if (lane == 0) alphas[q] = -1.0f;
+      continue;
+    }
+    const int pos = plan.pos[r];
+    const float s0 = sc[q * kScStride + lane], s1 = sc[q * kScStride + lane + 32];
+    const bool v0 = t0 + lane <= pos, v1 = t0 + lane + 32 <= pos;
+    float mt = fmaxf(v0 ? s0 : -INFINITY, v1 ? s1 : -INFINITY);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
+    const float m_old = ms[q];
+    const float m_new = fmaxf(m_old, mt);  // finite: key t0 <= pos is valid
+    const float p0 = v0 ? expf(s0 - m_new) : 0.0f;
+    const float p1 = v1 ? expf(s1 - m_new) : 0.0f;
+    float sum = p0 + p1;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    attn::split_bf16(p0, &ph[lane], &pl[lane]);
+    attn::split_bf16(p1, &ph[lane + 32], &pl[lane + 32]);
+    if (lane == 0) {
+      const float alpha = expf(m_old - m_new);  // 0 on the item's first tile (m_old = -inf)
+      ms[q] = m_new;
+      ls[q] = ls[q] * alpha + sum;
+      alphas[q] = alpha;
+    }
+  }
+}
+
+// o^T (dims x queries) = o^T * alpha + V^T . P^T over the tile's 64 keys. Warp w owns dims blocks w and w + 8
+// (16 dims each) for every query block.
+template <int NT>
+__device__ __forceinline__ void tile_values(float acc[2][NT][4], const uint16_t* vs, const uint16_t* phi,
+                                            const uint16_t* plo, const float* alphas, int D) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int g = lane >> 2, t = lane & 3, ld = D + kPad;
+#pragma unroll
+  for (int mm = 0; mm < 2; ++mm) {
+    const int mt = warp + mm * kWarps;
+    if (mt * 16 >= D) continue;  // uniform over the warp
+    // A = V^T (dims x keys) from V (keys x dims) with .trans: matrix i is dims +8 (i & 1), keys +8 (i >> 1).
+    const uint16_t* va = vs + ((lane & 7) + 8 * (lane >> 4)) * ld + mt * 16 + 8 * ((lane >> 3) & 1);
+    uint32_t a[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) attn::ldmatrix_x4_trans(a[kk], va + kk * 16 * ld);
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+      const int q0 = ni * 8 + 2 * t;
+      const float a0 = alphas[q0], a1 = alphas[q0 + 1];
+      float* c = acc[mm][ni];
+      float d[4] = {c[0] * a0, c[1] * a1, c[2] * a0, c[3] * a1};
+      const uint16_t* ph = phi + (ni * 8 + g) * kPStride + 2 * t;
+      const uint16_t* pl = plo + (ni * 8 + g) * kPStride + 2 * t;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        attn::mma_bf16(d, a[kk], attn::ld_pair(ph + kk * 16), attn::ld_pair(ph + kk * 16 + 8));
+        attn::mma_bf16(d, a[kk], attn::ld_pair(pl + kk * 16), attn::ld_pair(pl + kk * 16 + 8));
+      }
+      if (a0 >= 0.0f) {
+        c[0] = d[0];
+        c[2] = d[2];
+      }
+      if (a1 >= 0.0f) {
+        c[1] = d[1];
+        c[3] = d[3];
+      }
+    }
+  }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kThreads)
+    attn_decode_kernel(AttentionLaunch a, int r0, int nrows, const float* qbuf, float* part_o, float* part_ml,
+                       int max_splits) {
+  pdl_enter();
+  constexpr int kNq = NT * 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.head_dim, ld = D + kPad, hkv = a.num_kv_heads, hq = a.num_heads;
+  const int group = hq / hkv, nq = nrows * group;
+  const Layout L = layout(D, kNq);
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem + L.k);
+  uint16_t* vs = reinterpret_cast<uint16_t*>(smem + L.v);
+  uint16_t* qhi = reinterpret_cast<uint16_t*>(smem + L.qhi);
+  uint16_t* qlo = reinterpret_cast<uint16_t*>(smem + L.qlo);
+  float* sc = reinterpret_cast<float*>(smem + L.sc);
+  uint16_t* phi = reinterpret_cast<uint16_t*>(smem + L.phi);
+  uint16_t* plo = reinterpret_cast<uint16_t*>(smem + L.plo);
+  float* ms = reinterpret_cast<float*>(smem + L.m);
+  float* ls = reinterpret_cast<float*>(smem + L.l);
+  float* alphas = reinterpret_cast<float*>(smem + L.alpha);
+  Plan& plan = *reinterpret_cast<Plan*>(smem + L.plan);
+  if (threadIdx.x == 0) make_plan(a, r0, nrows, &plan);
+  __syncthreads();
+  const uint16_t* kc = static_cast<const uint16_t*>(a.cache_k);
+  const uint16_t* vc = static_cast<const uint16_t*>(a.cache_v);
+  const int64_t kvw = static_cast<int64_t>(hkv) * D;
+  const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(D)));
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int g = lane >> 2, t = lane & 3;
+  int loaded_kh = -1;
+  for (int item = static_cast<int>(blockIdx.x); item < plan.first[plan.classes];
+       item += static_cast<int>(gridDim.x)) {
+    int j = 0;
+    while (item >= plan.first[j + 1]) ++j;
+    const int local = item - plan.first[j];
+    const int c = local / hkv, kh = local - c * hkv;
+    const int S = plan.split[j], start = c * S;
+    unsigned active = 0;
+    int end = start;
+    for (int r = 0; r < nrows; ++r) {
+      if (((plan.rows[j] >> r) & 1u) != 0 && plan.pos[r] >= start) {
+        active |= 1u << r;
+        const int e = plan.pos[r] + 1 < start + S ? plan.pos[r] + 1 : start + S;
+        end = e > end ? e : end;
+      }
+    }
+    if (kh != loaded_kh) {  // the group's queries as hi / lo bf16 (zero for padding)
+      for (int i = static_cast<int>(threadIdx.x); i < kNq * D; i += kThreads) {
+        const int q = i / D, d = i - q * D;
+        float x = 0.0f;
+        if (q < nq) {
+          const int r = q / group;
+          x = qbuf[(static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * D + d];
+        }
+        attn::split_bf16(x, &qhi[q * ld + d], &qlo[q * ld + d]);
+      }
+      loaded_kh = kh;
+    }
+    for (int q = static_cast<int>(threadIdx.x); q < kNq; q += kThreads) {
+      ms[q] = -INFINITY;
+      ls[q] = 0.0f;
+    }
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm) {
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mm][ni][e] = 0.0f;
+      }
+    }
+    // Keys and values of a tile load while the previous phase computes: K(i+1) during softmax and values of
+    // tile i, V(i+1) during the scores of tile i+1.
+    const int tiles = (end - start + kAttnTile - 1) / kAttnTile;
+    attn::issue_kv_tile(ks, kc, kvw, kh, D, start, end);
+    attn::copy_commit();
+    attn::issue_kv_tile(vs, vc, kvw, kh, D, start, end);
+    attn::copy_commit();
+    for (int it = 0; it < tiles; ++it) {
+      const int t0 = start + it * kAttnTile;
+      attn::copy_wait<1>();  // K(it)
+      __syncthreads();
+      tile_scores<NT>(ks, qhi, qlo, sc, D, scale);
+      __syncthreads();
+      if (it + 1 < tiles) attn::issue_kv_tile(ks, kc, kvw, kh, D, t0 + kAttnTile, end);
+      attn::copy_commit();
+      tile_softmax(sc, phi, plo, ms, ls, alphas, kNq, nq, group, plan, active, t0);
+      attn::copy_wait<1>();  // V(it)
+      __syncthreads();
+      tile_values<NT>(acc, vs, phi, plo, alphas, D);
+      __syncthreads();
+      if (it + 1 < tiles) attn::issue_kv_tile(vs, vc, kvw, kh, D, t0 + kAttnTile, end);
+      attn::copy_commit();
+    }
+    // Partial results of the item's active rows: output (unnormalised), max and sum.
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm) {
+      const int mt = warp + mm * kWarps;
+      if (mt * 16 >= D) continue;
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int q = ni * 8 + 2 * t + (e & 1);
+          const int d = mt * 16 + g + 8 * (e >> 1);
+          if (q >= nq) continue;
+          const int r = q / group;
+          if (((active >> r) & 1u) == 0) continue;
+          const int64_t at = (static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * max_splits + c;
+          part_o[at * D + d] = acc[mm][ni][e];
+        }
+      }
+    }
+    for (int q = static_cast<int>(threadIdx.x); q < nq; q += kThreads) {
+      const int r = q / group;
+      if (((active >> r) & 1u) == 0) continue;
+      const int64_t at = (static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * max_splits + c;
+      part_ml[at * 2] = ms[q];
+      part_ml[at * 2 + 1] = ls[q];
+    }
+    __syncthreads();  // the shared buffers are reused by the next item
+  }
+}
+
+// Query columns of a launch, rounded up to a compiled width (8 per mma column block).
+int query_blocks(int queries) {
+  const int nt = (queries + 7) / 8;
+  for (int c : {1, 2, 3, 4, 6, 8, 12, 16}) {
+    if (nt <= c) return c;
+  }
+  return 0;
+}
+
+template <typename F>
+void with_query_blocks(int nt, F&& f) {
+  switch (nt) {
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      return;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      return;
+    case 3:
+      f(std::integral_constant<int, 3>{});
+      return;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      return;
+    case 6:
+      f(std::integral_constant<int, 6>{});
+      return;
+    case 8:
+      f(std::integral_constant<int, 8>{});
+      return;
+    case 12:
+      f(std::integral_constant<int, 12>{});
+      return;
+    default:
+      f(std::integral_constant<int, 16>{});
+      return;
+  }
+}
+
+}  // namespace
+
+bool attn_decode_supported(const AttentionLaunch& a) {
+  return a.cache_bf16 && a.head_dim % 16 == 0 && a.head_dim <= 16 * 2 * kWarps &&
+         attn_decode_rows_per_launch(a) > 0;
+}
+
+int attn_decode_rows_per_launch(const AttentionLaunch& a) {
+  const int group = a.num_heads / a.num_kv_heads;
+  for (int rows = kMaxRows; rows > 0; --rows) {
+    const int nt = query_blocks(rows * group);
+    if (nt > 0 && layout(a.head_dim, nt * 8).bytes <= a.smem_limit) return rows;
+  }
+  return 0;
+}
+
+void launch_attn_decode(const AttentionLaunch& a, int r0, int rows, const float* qbuf, float* part_o,
+                        float* part_ml, cudaStream_t stream) {
+  const int nt = query_blocks(rows * (a.num_heads / a.num_kv_heads));
+  const size_t smem = layout(a.head_dim, nt * 8).bytes;
+  // Two blocks per multiprocessor: enough items in flight to stream the cache at long contexts; blocks take
+  // items in strides, so the grid never depends on the positions (one graph serves every step of width R).
+  const unsigned grid = static_cast<unsigned>(2 * (a.multiprocessors > 0 ? a.multiprocessors : 1));
+  with_query_blocks(nt, [&](auto k) {
+    launch_pdl(attn_decode_kernel<decltype(k)::value>, dim3(grid), dim3(kThreads), smem, stream, a, r0, rows,
+               qbuf, part_o, part_ml, attn_max_splits(a.num_kv_heads));
+  });
+}
+
+void set_attn_decode_smem_limit(size_t bytes) {
+  for (int nt : {1, 2, 3, 4, 6, 8, 12, 16}) {
+    with_query_blocks(nt, [&](auto k) {
+      cudaFuncSetAttribute(attn_decode_kernel<decltype(k)::value>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    });
+  }
+}
+
+}  // namespace pd::cuda

@@ -1,0 +1,495 @@
+// Gated DeltaNet prefill (backend.h GatedDeltaNetArgs with prefill set): the chunked form of spec §5.7 over
+// chunks of kGdnPrefillChunk positions aligned to absolute positions, the math of the CPU backend's
+// gdn_chunked.cpp (same terms, same order inside each sum, so the two differ only where expf and the
+// compilers' libraries do). The step is cut into segments of at most kGdnSegmentChunks chunks (bounding the
+// scratch); per segment:
+// 1. prep (block per row): causal conv + SiLU over q|k|v with the conv kernel's arithmetic, l2norm of q and k
+//    per key head (q scaled by Dk^-1/2), beta and the log decay g per value head;
+// 2. chunk (block per chunk and value head): G = running sum of g, N[i][j] = beta_i (k_i . k_j) e^(G_i - G_j)
+//    (j < i) and P[i][j] = (q_i . k_j) e^(G_i - G_j) (j <= i), T = (I + N)^-1 - I by forward substitution,
+//    U = (I + T) diag(beta) V, W = (I + T) diag(beta e^G) K;
+// 3. state (block per value head and 32 state columns, the segment's chunks in order): v' = U - W S,
+//    o = (q e^G) S + P v', S <- e^G_last S + (K e^(G_last - G))^T v'.
+// Then the gated RMSNorm of every row and head (a warp each) and the conv state's new window.
+// Every sum runs in a fixed order that depends only on its chunk's rows (explicit fmaf, --fmad=false): a
+// chunk's results do not depend on the rows around it in the step, so prefill pieces split at multiples of
+// 64 positions give the bits of one piece (docs/DESIGN.md §4.6).
+#include "puredrive/backend/cuda/common.cuh"
+
+namespace pd::cuda {
+namespace {
+
+constexpr int kChunk = kGdnPrefillChunk;
+constexpr int kThreads = 256;
+constexpr int kStateCols = 32;   // state columns per block of the state kernel
+constexpr int kTS = kChunk + 1;  // row stride of the [64, 64] shared tiles (no bank conflicts)
+
+// e^x for a log decay x <= 0, or 0 below e^-50: as the CPU backend (gdn_chunked.cpp, which flushes these for
+// speed); every sum has an undecayed term next to which such a term never shows in fp32.
+__device__ __forceinline__ float decay_factor(float x) {
+  return x < -50.0f ? 0.0f : expf(x);
+}
+
+// The per-segment scratch (gdn_prefill_scratch_floats), rows indexed from the segment's first row.
+struct PrefillScratch {
+  float* xn;    // [rows, C]: SiLU(conv), q and k l2-normalised
+  float* beta;  // [rows, Hv]
+  float* g;     // [rows, Hv]: log decays
+  float* G;     // [rows, Hv]: running sums of g inside each chunk
+  float* u;     // [rows, Hv * Dv]
+  float* w;     // [rows, Hv * Dk]
+  float* p;     // [chunks, Hv, 64 * 64]
+};
+
+__host__ __device__ inline int64_t channels_of(const GdnLaunch& g) {
+  return 2 * int64_t{g.num_k_heads} * g.k_head_dim + int64_t{g.num_v_heads} * g.v_head_dim;
+}
+
+__host__ __device__ inline int64_t scratch_floats(int64_t channels, int hv, int dk, int dv,
+                                                  const GdnPrefillCaps& caps) {
+  return int64_t{caps.rows} * (channels + 3 * int64_t{hv} + int64_t{hv} * (dk + dv)) +
+         int64_t{caps.chunks} * hv * kChunk * kChunk;
+}
+
+__device__ inline PrefillScratch prefill_scratch(const GdnLaunch& g) {
+  const int64_t rows = g.seg_rows_cap, hv = g.num_v_heads;
+  PrefillScratch s;
+  s.xn = g.scratch;
+  s.beta = s.xn + rows * channels_of(g);
+  s.g = s.beta + rows * hv;
+  s.G = s.g + rows * hv;
+  s.u = s.G + rows * hv;
+  s.w = s.u + rows * hv * g.v_head_dim;
+  s.p = s.w + rows * hv * g.k_head_dim;
+  return s;
+}
+
+// Chunk c of a segment whose first chunk has first_len rows: its first row (in the segment) and length.
+__device__ __forceinline__ int chunk_start(int c, int first_len) {
+  return c == 0 ? 0 : first_len + (c - 1) * kChunk;
+}
+__device__ __forceinline__ int chunk_len(int c, int first_len, int seg_rows) {
+  const int start = chunk_start(c, first_len);
+  return min(seg_rows - start, c == 0 ? first_len : kChunk);
+}
+
+// 1. Rows [r0, r0 + gridDim.x) of the step: conv + SiLU, l2norm, gates.
+__global__ void __launch_bounds__(kThreads) gdn_prefill_prep_kernel(GdnLaunch g, int r0) {
+  pdl_enter();
+  const int dk = g.k_head_dim, hk = g.num_k_heads, hv = g.num_v_heads, kc = g.conv_kernel;
+  const int64_t C = channels_of(g);
+  const int local = static_cast<int>(blockIdx.x);
+  const int row = r0 + local;
+  const PrefillScratch s = prefill_scratch(g);
+  float* x = s.xn + local * C;
+  for (int64_t c = threadIdx.x; c < C; c += kThreads) {
+    // The window [x_{row-Kc+1} .. x_row], inputs before the step from the conv state; the conv kernel's sum.
+    float acc = 0.0f;
+    for (int j = 0; j < kc; ++j) {
+      const int t = row - (kc - 1) + j;
+      const float in = t >= 0 ? g.qkv[static_cast<int64_t>(t) * g.qkv_stride + c]
+                              : g.conv_state[static_cast<int64_t>(kc - 1 + t) * C + c];
+      const float w = g.conv1d[c * kc + j];
+      acc = j == 0 ? w * in : acc + w * in;
+    }
+    x[c] = siluf_(acc);
+  }
+  __syncthreads();
+  // l2norm per q and k head (eps 1e-6 inside the root, FLA / HF), a warp per head: lane sums in order, then
+  // the xor butterfly.
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const float q_scale = static_cast<float>(1.0 / sqrt(static_cast<double>(dk)));
+  for (int head = warp; head < 2 * hk; head += kThreads / 32) {
+    float* v = x + static_cast<int64_t>(head) * dk;  // q heads, then k heads
+    float ss = 0.0f;
+    for (int i = lane; i < dk; i += 32) ss = fmaf(v[i], v[i], ss);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    const float inv = 1.0f / sqrtf(ss + 1e-6f);
+    for (int i = lane; i < dk; i += 32) v[i] = head < hk ? (v[i] * inv) * q_scale : v[i] * inv;
+  }
+  for (int h = static_cast<int>(threadIdx.x); h < hv; h += kThreads) {
+    s.beta[static_cast<int64_t>(local) * hv + h] = sigmoidf_(g.b[static_cast<int64_t>(row) * g.b_stride + h]);
+    s.g[static_cast<int64_t>(local) * hv + h] =
+        -expf(g.A_log[h]) * softplusf_(g.a[static_cast<int64_t>(row) * g.a_stride + h] + g.dt_bias[h]);
+  }
+}
+
+size_t chunk_smem_floats(int dk, int dv) {
+  const int xs = (dk > dv ? dk : dv) + 1;
+  return static_cast<size_t>(kChunk) * (dk + 1) + static_cast<size_t>(kChunk) * xs + 2 * kChunk * kTS +
+         3 * kChunk;
+}
+
+// 2. Chunk blockIdx.x of the segment, value head blockIdx.y: G, P, T, U, W.
+template <int DK>
+__global__ void __launch_bounds__(kThreads)
+    gdn_prefill_chunk_kernel(GdnLaunch g, int seg_rows, int first_len) {
+  pdl_enter();
+  extern __shared__ __align__(16) float smem[];
+  const int dv = g.v_head_dim, hv = g.num_v_heads;
+  const int64_t key_dim = int64_t{g.num_k_heads} * DK;
+  const int64_t C = channels_of(g);
+  const int c = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
+  const int kh = h / (hv / g.num_k_heads);
+  const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
+  const PrefillScratch s = prefill_scratch(g);
+  constexpr int KS = DK + 1;
+  const int XS = (DK > dv ? DK : dv) + 1;
+  float* Ks = smem;               // [64][KS] k
+  float* Xs = Ks + kChunk * KS;   // [64][XS] q, then beta v
+  float* Ns = Xs + kChunk * XS;   // [64][kTS]
+  float* Ts = Ns + kChunk * kTS;  // [64][kTS], strictly lower
+  float* Gs = Ts + kChunk * kTS;  // [64]
+  float* Bs = Gs + kChunk;        // [64] beta
+  float* BGs = Bs + kChunk;       // [64] beta e^G
+  const int tid = static_cast<int>(threadIdx.x);
+
+  for (int e = tid; e < kChunk * DK; e += kThreads) {
+    const int i = e / DK, d = e % DK;
+    const float* xr = s.xn + (start + i) * C;
+    Ks[i * KS + d] = i < L ? xr[key_dim + kh * DK + d] : 0.0f;
+    Xs[i * XS + d] = i < L ? xr[kh * DK + d] : 0.0f;
+  }
+  for (int e = tid; e < kChunk * kTS; e += kThreads) Ts[e] = 0.0f;
+  if (tid < kChunk) Bs[tid] = tid < L ? s.beta[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;
+  if (tid == 0) {
+    float acc = 0.0f;
+    for (int i = 0; i < L; ++i) {
+      const float gi = s.g[static_cast<int64_t>(start + i) * hv + h];
+      acc = i == 0 ? gi : acc + gi;
+      Gs[i] = acc;
+    }
+  }
+  __syncthreads();
+  if (tid < L) {
+    s.G[static_cast<int64_t>(start + tid) * hv + h] = Gs[tid];
+    BGs[tid] = Bs[tid] * decay_factor(Gs[tid]);
+  }
+
+  // N and P: every element one thread, sums over the key dim in ascending order.
+  float* P = s.p + (static_cast<int64_t>(c) * hv + h) * kChunk * kChunk;
+  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
+    const int i = e / kChunk, j = e % kChunk;
+    float n = 0.0f, pv = 0.0f;
+    if (i < L && j <= i) {
+      float kk = 0.0f, qk = 0.0f;
+      for (int d = 0; d < DK; ++d) {
+        kk = fmaf(Ks[i * KS + d], Ks[j * KS + d], kk);
+        qk = fmaf(Xs[i * XS + d], Ks[j * KS + d], qk);
+      }
+      const float decay = decay_factor(Gs[i] - Gs[j]);
+      if (j < i) n = (Bs[i] * kk) * decay;
+      pv = qk * decay;
+    }
+    Ns[i * kTS + j] = n;
+    P[e] = pv;
+  }
+  __syncthreads();
+
+  // T[i][j] = -(N[i][j] + sum_{j < m < i} N[i][m] T[m][j]), rows in order.
+  for (int i = 1; i < L; ++i) {
+    if (tid < i) {
+      float acc = Ns[i * kTS + tid];
+      for (int m = tid + 1; m < i; ++m) acc = fmaf(Ns[i * kTS + m], Ts[m * kTS + tid], acc);
+      Ts[i * kTS + tid] = -acc;
+    }
+    __syncthreads();
+  }
+
+  for (int e = tid; e < kChunk * dv; e += kThreads) {
+    const int i = e / dv, cc = e % dv;
+    Xs[i * XS + cc] =
+        i < L ? s.xn[(start + i) * C + 2 * key_dim + static_cast<int64_t>(h) * dv + cc] * Bs[i] : 0.0f;
+  }
+  __syncthreads();
+  // U = (I + T) diag(beta) V and W = (I + T) diag(beta e^G) K, the terms in ascending m after the diagonal.
+  const int64_t u_stride = int64_t{hv} * dv, w_stride = int64_t{hv} * DK;
+  float* U = s.u + start * u_stride + static_cast<int64_t>(h) * dv;
+  for (int e = tid; e < L * dv; e += kThreads) {
+    const int i = e / dv, cc = e % dv;
+    float acc = Xs[i * XS + cc];
+    for (int m = 0; m < i; ++m) acc = fmaf(Ts[i * kTS + m], Xs[m * XS + cc], acc);
+    U[i * u_stride + cc] = acc;
+  }
+  float* W = s.w + start * w_stride + static_cast<int64_t>(h) * DK;
+  for (int e = tid; e < L * DK; e += kThreads) {
+    const int i = e / DK, d = e % DK;
+    float acc = Ks[i * KS + d] * BGs[i];
+    for (int m = 0; m < i; ++m) acc = fmaf(Ts[i * kTS + m], Ks[m * KS + d] * BGs[m], acc);
+    W[i * w_stride + d] = acc;
+  }
+}
+
+size_t state_smem_floats(int dk) {
+  return static_cast<size_t>(dk) * kStateCols + static_cast<size_t>(kChunk) * (dk + 1) + kChunk * kTS +
+         kChunk * kStateCols + 3 * kChunk;
+}
+
+// rows x 32 columns of A (staged, [64][DK + 1]) times the state block: thread (rg, cq) sums rows rg and
+// rg + 32, columns 4 cq .. 4 cq + 3, over the key dim in ascending order.
+template <int DK>
+__device__ __forceinline__ void times_state(const float* As, const float* Ss, int rg, int cq,
+                                            float acc[2][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[r][q] = 0.0f;
+  }
+  for (int d = 0; d < DK; ++d) {
+    const float4 sv = *reinterpret_cast<const float4*>(Ss + d * kStateCols + 4 * cq);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float a = As[(rg + 32 * r) * (DK + 1) + d];
+      acc[r][0] = fmaf(a, sv.x, acc[r][0]);
+      acc[r][1] = fmaf(a, sv.y, acc[r][1]);
+      acc[r][2] = fmaf(a, sv.z, acc[r][2]);
+      acc[r][3] = fmaf(a, sv.w, acc[r][3]);
+    }
+  }
+}
+
+// 3. Value head blockIdx.x, state columns [32 blockIdx.y, 32 blockIdx.y + 32): the segment's chunks in order.
+// Step rows r0 + i for segment rows i.
+template <int DK>
+__global__ void __launch_bounds__(kThreads)
+    gdn_prefill_state_kernel(GdnLaunch g, int r0, int seg_rows, int first_len, int n_chunks) {
+  pdl_enter();
+  extern __shared__ __align__(16) float smem[];
+  const int dv = g.v_head_dim, hv = g.num_v_heads;
+  const int64_t key_dim = int64_t{g.num_k_heads} * DK;
+  const int64_t C = channels_of(g);
+  const int h = static_cast<int>(blockIdx.x), col0 = static_cast<int>(blockIdx.y) * kStateCols;
+  const int kh = h / (hv / g.num_k_heads);
+  const PrefillScratch s = prefill_scratch(g);
+  constexpr int AS = DK + 1;
+  float* Ss = smem;                      // [DK][32]: the state block
+  float* As = Ss + DK * kStateCols;      // [64][AS]: W, then q e^G, then K e^(G_last - G)
+  float* Ps = As + kChunk * AS;          // [64][kTS]
+  float* Vs = Ps + kChunk * kTS;         // [64][32]: v'
+  float* Gs = Vs + kChunk * kStateCols;  // [64]
+  float* EGs = Gs + kChunk;              // [64] e^G
+  float* KDs = EGs + kChunk;             // [64] e^(G_last - G)
+  const int tid = static_cast<int>(threadIdx.x);
+  const int cq = tid % 8, rg = tid / 8;
+  const int64_t u_stride = int64_t{hv} * dv, w_stride = int64_t{hv} * DK;
+  float* state = g.recurrent + static_cast<int64_t>(h) * DK * dv;
+  for (int e = tid; e < DK * kStateCols; e += kThreads) {
+    const int d = e / kStateCols, col = col0 + e % kStateCols;
+    Ss[e] = col < dv ? state[static_cast<int64_t>(d) * dv + col] : 0.0f;
+  }
+  for (int c = 0; c < n_chunks; ++c) {
+    const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
+    for (int e = tid; e < kChunk * DK; e += kThreads) {
+      const int i = e / DK, d = e % DK;
+      As[i * AS + d] = i < L ? s.w[(start + i) * w_stride + static_cast<int64_t>(h) * DK + d] : 0.0f;
+    }
+    if (tid < kChunk) {
+      const float G = tid < L ? s.G[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;
+      Gs[tid] = G;
+      EGs[tid] = decay_factor(G);
+    }
+    __syncthreads();
+
+    // v' = U - W S
+    float acc[2][4];
+    times_state<DK>(As, Ss, rg, cq, acc);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = rg + 32 * r;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int col = col0 + 4 * cq + q;
+        float v = 0.0f;
+        if (i < L && col < dv)
+          v = s.u[(start + i) * u_stride + static_cast<int64_t>(h) * dv + col] - acc[r][q];
+        Vs[i * kStateCols + 4 * cq + q] = v;
+      }
+    }
+    __syncthreads();
+
+    // o = (q e^G) S + P v'
+    for (int e = tid; e < kChunk * DK; e += kThreads) {
+      const int i = e / DK, d = e % DK;
+      As[i * AS + d] = i < L ? s.xn[(start + i) * C + kh * DK + d] * EGs[i] : 0.0f;
+    }
+    const float* Pg = s.p + (static_cast<int64_t>(c) * hv + h) * kChunk * kChunk;
+    for (int e = tid; e < kChunk * kChunk; e += kThreads) Ps[(e / kChunk) * kTS + e % kChunk] = Pg[e];
+    if (tid < kChunk) KDs[tid] = tid < L ? decay_factor(Gs[L - 1] - Gs[tid]) : 0.0f;
+    __syncthreads();
+    times_state<DK>(As, Ss, rg, cq, acc);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = rg + 32 * r;
+      if (i >= L) continue;
+      float intra[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int m = 0; m <= i; ++m) {
+        const float p = Ps[i * kTS + m];
+        const float4 v = *reinterpret_cast<const float4*>(Vs + m * kStateCols + 4 * cq);
+        intra[0] = fmaf(p, v.x, intra[0]);
+        intra[1] = fmaf(p, v.y, intra[1]);
+        intra[2] = fmaf(p, v.z, intra[2]);
+        intra[3] = fmaf(p, v.w, intra[3]);
+      }
+      float* out = g.out + static_cast<int64_t>(r0 + start + i) * g.out_stride + static_cast<int64_t>(h) * dv;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int col = col0 + 4 * cq + q;
+        if (col < dv) out[col] = acc[r][q] + intra[q];
+      }
+    }
+    __syncthreads();
+
+    // S <- e^G_last S + (K e^(G_last - G))^T v': thread (rg, cq) owns state rows rg, rg + 32, ...
+    for (int e = tid; e < kChunk * DK; e += kThreads) {
+      const int i = e / DK, d = e % DK;
+      As[i * AS + d] = i < L ? s.xn[(start + i) * C + key_dim + kh * DK + d] * KDs[i] : 0.0f;
+    }
+    __syncthreads();
+    const float e_last = EGs[L - 1];
+    for (int d = rg; d < DK; d += 32) {
+      float* sp = Ss + d * kStateCols + 4 * cq;
+      float a0 = sp[0] * e_last, a1 = sp[1] * e_last, a2 = sp[2] * e_last, a3 = sp[3] * e_last;
+      for (int m = 0; m < L; ++m) {
+        const float kd = As[m * AS + d];
+        const float4 v = *reinterpret_cast<const float4*>(Vs + m * kStateCols + 4 * cq);
+        a0 = fmaf(kd, v.x, a0);
+        a1 = fmaf(kd, v.y, a1);
+        a2 = fmaf(kd, v.z, a2);
+        a3 = fmaf(kd, v.w, a3);
+      }
+      sp[0] = a0;
+      sp[1] = a1;
+      sp[2] = a2;
+      sp[3] = a3;
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < DK * kStateCols; e += kThreads) {
+    const int d = e / kStateCols, col = col0 + e % kStateCols;
+    if (col < dv) state[static_cast<int64_t>(d) * dv + col] = Ss[e];
+  }
+}
+
+// Gated RMSNorm of every row and head in place, norm before gate: (w * (o * rsqrt(mean(o^2) + eps))) *
+// silu(z); a warp per (row, head), lane sums in order, then the xor butterfly.
+__global__ void __launch_bounds__(kThreads) gdn_prefill_norm_kernel(GdnLaunch g) {
+  pdl_enter();
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int hv = g.num_v_heads, dv = g.v_head_dim;
+  if (warp >= static_cast<int64_t>(g.rows) * hv) return;
+  const int64_t r = warp / hv;
+  const int h = static_cast<int>(warp % hv);
+  float* o = g.out + r * g.out_stride + static_cast<int64_t>(h) * dv;
+  const float* z = g.z + r * g.z_stride + static_cast<int64_t>(h) * dv;
+  float ss = 0.0f;
+  for (int j = lane; j < dv; j += 32) ss = fmaf(o[j], o[j], ss);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(dv) + g.eps);
+  for (int j = lane; j < dv; j += 32) o[j] = (g.norm[j] * (o[j] * inv)) * siluf_(z[j]);
+}
+
+// The conv state after the step: the last Kc-1 inputs, from the step's rows or, for short steps, the old
+// window.
+__global__ void gdn_prefill_conv_state_kernel(GdnLaunch g) {
+  pdl_enter();
+  const int64_t C = channels_of(g);
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int keep = g.conv_kernel - 1;
+  float win[kMaxConvKernel];
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j) {
+    if (j < keep) {
+      const int t = g.rows - keep + j;
+      win[j] = t >= 0 ? g.qkv[static_cast<int64_t>(t) * g.qkv_stride + c]
+                      : g.conv_state[static_cast<int64_t>(g.rows + j) * C + c];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j) {
+    if (j < keep) g.conv_state[static_cast<int64_t>(j) * C + c] = win[j];
+  }
+}
+
+template <int DK>
+void launch_segment(const GdnLaunch& g, int r0, int seg_rows, int first_len, int n_chunks,
+                    cudaStream_t stream) {
+  launch_pdl(gdn_prefill_chunk_kernel<DK>, dim3(n_chunks, g.num_v_heads), dim3(kThreads),
+             chunk_smem_floats(DK, g.v_head_dim) * sizeof(float), stream, g, seg_rows, first_len);
+  launch_pdl(gdn_prefill_state_kernel<DK>, dim3(g.num_v_heads, grid_for(g.v_head_dim, kStateCols)),
+             dim3(kThreads), state_smem_floats(DK) * sizeof(float), stream, g, r0, seg_rows, first_len,
+             n_chunks);
+}
+
+template <int DK>
+void set_limit(size_t bytes) {
+  cudaFuncSetAttribute(gdn_prefill_chunk_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(bytes));
+  cudaFuncSetAttribute(gdn_prefill_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(bytes));
+}
+
+}  // namespace
+
+GdnPrefillCaps gdn_prefill_caps(int rows) {
+  constexpr int seg_rows = kGdnSegmentChunks * kChunk;
+  // A segment starts on a chunk boundary; only the step's first chunk can be partial at its start.
+  return {.rows = rows < seg_rows ? rows : seg_rows,
+          .chunks = rows / kChunk + 2 < kGdnSegmentChunks ? rows / kChunk + 2 : kGdnSegmentChunks};
+}
+
+int64_t gdn_prefill_scratch_floats(int channels, int num_v_heads, int k_head_dim, int v_head_dim, int rows) {
+  return scratch_floats(channels, num_v_heads, k_head_dim, v_head_dim, gdn_prefill_caps(rows));
+}
+
+size_t gdn_prefill_smem_bytes(int k_head_dim, int v_head_dim) {
+  const size_t a = chunk_smem_floats(k_head_dim, v_head_dim), b = state_smem_floats(k_head_dim);
+  return (a > b ? a : b) * sizeof(float);
+}
+
+void set_gdn_prefill_smem_limit(size_t bytes) {
+  set_limit<16>(bytes);
+  set_limit<32>(bytes);
+  set_limit<64>(bytes);
+  set_limit<128>(bytes);
+  set_limit<256>(bytes);
+}
+
+void launch_gated_delta_net_prefill(const GdnLaunch& g, cudaStream_t stream) {
+  if (g.rows <= 0) return;
+  auto smaller = [](int a, int b) { return a < b ? a : b; };
+  for (int r0 = 0; r0 < g.rows;) {
+    // Chunk boundaries where the absolute position is a multiple of kChunk.
+    const int first_len = smaller(g.rows - r0, r0 == 0 ? kChunk - g.chunk_offset : kChunk);
+    const int seg_rows = smaller(g.rows - r0, first_len + (kGdnSegmentChunks - 1) * kChunk);
+    const int n_chunks = 1 + (seg_rows - first_len + kChunk - 1) / kChunk;
+    launch_pdl(gdn_prefill_prep_kernel, dim3(seg_rows), dim3(kThreads), 0, stream, g, r0);
+    switch (g.k_head_dim) {
+      case 16:
+        launch_segment<16>(g, r0, seg_rows, first_len, n_chunks, stream);
+        break;
+      case 32:
+        launch_segment<32>(g, r0, seg_rows, first_len, n_chunks, stream);
+        break;
+      case 64:
+        launch_segment<64>(g, r0, seg_rows, first_len, n_chunks, stream);
+        break;
+      case 128:
+        launch_segment<128>(g, r0, seg_rows, first_len, n_chunks, stream);
+        break;
+      default:
+        launch_segment<256>(g, r0, seg_rows, first_len, n_chunks, stream);
+        break;
+    }
+    r0 += seg_rows;
+  }
+  launch_pdl(gdn_prefill_norm_kernel,
+             dim3(grid_for(static_cast<int64_t>(g.rows) * g.num_v_heads * 32, kThreads)), dim3(kThreads), 0,
+             stream, g);
+  launch_pdl(gdn_prefill_conv_state_kernel, dim3(grid_for(channels_of(g), 128)), dim3(128), 0, stream, g);
+}
+
+}  // namespace pd::cuda

@@ -1,0 +1,161 @@
+// The GDN recurrence of a decode/verify chunk (spec §5), split by value columns: the S blocks of a cluster
+// share value head h, block c owns columns [c Dv / S, (c + 1) Dv / S), and thread (j, part) owns column j,
+// state rows [part Dk / 4, (part + 1) Dk / 4). Per row: l2norm of q and k (each block, fixed-order block
+// sums), decay, delta rule, readout (sums over the key dim ascending inside a thread, then
+// ((p0 + p1) + (p2 + p3)) across the four parts), the per-row state snapshot. The gated RMSNorm needs the sum
+// of o^2 over the head: each block sums its columns per row, the cluster exchanges the partial sums once
+// after the last row (distributed shared memory), and every block adds them in block order. A row's results
+// depend only on the state before it and its own inputs, so the split changes nothing across R.
+#include <cooperative_groups.h>
+
+#include "puredrive/backend/cuda/common.cuh"
+
+namespace pd::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kMaxSplit = 4;
+
+template <int RPT>
+__global__ void __launch_bounds__(512)
+    gdn_recurrent_split_kernel(GdnLaunch g, int r0, int rows, const float* conv_out, int split) {
+  pdl_enter();
+  cg::cluster_group cluster = cg::this_cluster();
+  constexpr int kParts = 4;
+  const int Dk = RPT * kParts;
+  const int Dv = g.v_head_dim;
+  const int cols = Dv / split;
+  __shared__ float qs[RPT * kParts], ks[RPT * kParts];
+  __shared__ float red[32];
+  __shared__ float o_part[kGdnChunk];  // this block's sum of o^2 per row
+  extern __shared__ float o_raw[];     // [rows][cols]: readout before the gated norm
+  const int h = static_cast<int>(blockIdx.x) / split;
+  const int c = static_cast<int>(blockIdx.x) % split;  // == cluster.block_rank()
+  const int kh = h / (g.num_v_heads / g.num_k_heads);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int jl = tid / kParts, part = tid % kParts;
+  const int j = c * cols + jl;
+  const int i0 = part * RPT;
+  const int key_dim = g.num_k_heads * Dk;
+  const int C = 2 * key_dim + g.num_v_heads * Dv;
+  const int64_t head_size = static_cast<int64_t>(Dk) * Dv;
+  float* state = g.recurrent + h * head_size;
+  float s[RPT];
+#pragma unroll
+  for (int ii = 0; ii < RPT; ++ii) s[ii] = state[static_cast<int64_t>(i0 + ii) * Dv + j];
+  const float neg_a = -expf(g.A_log[h]);
+  const float dt_bias = g.dt_bias[h];
+  const float q_scale = static_cast<float>(1.0 / sqrt(static_cast<double>(Dk)));
+  for (int r = 0; r < rows; ++r) {
+    const int64_t gr = r0 + r;
+    const float* x = conv_out + static_cast<int64_t>(r) * C;
+    // l2norm(q) * Dk^-1/2 and l2norm(k), eps 1e-6 inside the root (FLA / HF).
+    const float qv = tid < Dk ? x[kh * Dk + tid] : 0.0f;
+    const float kv = tid < Dk ? x[key_dim + kh * Dk + tid] : 0.0f;
+    const float qn = block_sum(qv * qv, red);
+    const float kn = block_sum(kv * kv, red);
+    if (tid < Dk) {
+      qs[tid] = (qv * (1.0f / sqrtf(qn + 1e-6f))) * q_scale;
+      ks[tid] = kv * (1.0f / sqrtf(kn + 1e-6f));
+    }
+    __syncthreads();
+    const float beta = sigmoidf_(g.b[gr * g.b_stride + h]);
+    const float alpha = expf(neg_a * softplusf_(g.a[gr * g.a_stride + h] + dt_bias));
+    const float v = x[2 * key_dim + static_cast<int64_t>(h) * Dv + j];
+    float kvp = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < RPT; ++ii) {
+      s[ii] = s[ii] * alpha;
+      kvp = fmaf(s[ii], ks[i0 + ii], kvp);
+    }
+    kvp += __shfl_xor_sync(0xffffffffu, kvp, 1);
+    kvp += __shfl_xor_sync(0xffffffffu, kvp, 2);
+    const float delta = (v - kvp) * beta;
+    float op = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < RPT; ++ii) {
+      s[ii] = fmaf(ks[i0 + ii], delta, s[ii]);
+      op = fmaf(s[ii], qs[i0 + ii], op);
+    }
+    op += __shfl_xor_sync(0xffffffffu, op, 1);
+    op += __shfl_xor_sync(0xffffffffu, op, 2);
+    if (g.snap_recurrent != nullptr) {
+      float* snap = g.snap_recurrent + gr * g.snap_recurrent_stride + h * head_size;
+#pragma unroll
+      for (int ii = 0; ii < RPT; ++ii) snap[static_cast<int64_t>(i0 + ii) * Dv + j] = s[ii];
+    }
+    const float on = block_sum(part == 0 ? op * op : 0.0f, red);
+    if (part == 0) o_raw[r * cols + jl] = op;
+    if (tid == 0) o_part[r] = on;
+  }
+#pragma unroll
+  for (int ii = 0; ii < RPT; ++ii) state[static_cast<int64_t>(i0 + ii) * Dv + j] = s[ii];
+  // Gated RMSNorm, norm before gate: (w * (o * rsqrt(mean(o^2) + eps))) * silu(z), mean over the head.
+  cluster.sync();
+  for (int r = 0; r < rows; ++r) {
+    float total = 0.0f;
+    for (int b = 0; b < split; ++b) total = total + cluster.map_shared_rank(o_part, b)[r];
+    if (part == 0) {
+      const int64_t gr = r0 + r;
+      const float inv = 1.0f / sqrtf(total / static_cast<float>(Dv) + g.eps);
+      const float z = g.z[gr * g.z_stride + static_cast<int64_t>(h) * Dv + j];
+      g.out[gr * g.out_stride + static_cast<int64_t>(h) * Dv + j] =
+          (g.norm[j] * (o_raw[r * cols + jl] * inv)) * siluf_(z);
+    }
+  }
+  cluster.sync();  // the other blocks may still read o_part
+}
+
+// Blocks per value head: as many as keep every thread busy with one column and the key dim within the block.
+int gdn_split(int k_head_dim, int v_head_dim) {
+  for (int s = kMaxSplit; s > 1; s /= 2) {
+    if (v_head_dim % s == 0 && (4 * v_head_dim / s) % 32 == 0 && k_head_dim <= 4 * v_head_dim / s) return s;
+  }
+  return 1;
+}
+
+template <int RPT>
+void launch_split(const GdnLaunch& g, int r0, int rows, const float* conv_out, int split,
+                  cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(g.num_v_heads * split));
+  cfg.blockDim = dim3(static_cast<unsigned>(4 * g.v_head_dim / split));
+  cfg.dynamicSmemBytes = static_cast<size_t>(kGdnChunk) * (g.v_head_dim / split) * sizeof(float);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(split);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  cudaLaunchKernelEx(&cfg, gdn_recurrent_split_kernel<RPT>, g, r0, rows, conv_out, split);
+}
+
+}  // namespace
+
+void launch_gdn_recurrent(const GdnLaunch& g, int r0, int rows, const float* conv_out, cudaStream_t stream) {
+  const int split = gdn_split(g.k_head_dim, g.v_head_dim);
+  switch (g.k_head_dim) {
+    case 16:
+      launch_split<4>(g, r0, rows, conv_out, split, stream);
+      break;
+    case 32:
+      launch_split<8>(g, r0, rows, conv_out, split, stream);
+      break;
+    case 64:
+      launch_split<16>(g, r0, rows, conv_out, split, stream);
+      break;
+    case 128:
+      launch_split<32>(g, r0, rows, conv_out, split, stream);
+      break;
+    default:
+      launch_split<64>(g, r0, rows, conv_out, split, stream);
+      break;
+  }
+}
+
+}  // namespace pd::cuda

@@ -1,0 +1,414 @@
+// Tensor-core matrix products for prefill steps (kernels.h, "Tensor-core products for prefill"). A block
+// computes kMmaRows activation rows x kMmaCols weight rows with mma.sync m16n8k16 (bf16 in, f32 accumulate);
+// 8 warps in a 2 x 4 layout, 32 x 32 outputs each. Columns advance in stages of kBK through a kStages-deep
+// pipeline: activations (f32) and bf16 weights are copied into shared memory with cp.async; weights of other
+// formats are loaded into registers one stage ahead and decoded (common.cuh, the same f32 values every other
+// kernel uses) into bf16 hi/lo tiles when the stage before has been consumed. Fragments: activations are read
+// as f32 pairs and split into bf16 hi + lo in registers, weights come from ldmatrix.
+//
+// Determinism: an output element is the sum, in ascending k16 steps, of hi*hi, lo*hi and (weights not bf16)
+// hi*lo products of its own activation row and weight row, accumulated in one register; nothing depends on R,
+// on the tile a row lands in, or on the block's other rows (zero rows and zero columns pad the tiles).
+#include <cstring>
+
+#include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/moe_partition.h"
+
+namespace pd::cuda {
+namespace {
+
+constexpr int kBM = kMmaRows;
+constexpr int kBN = kMmaCols;
+constexpr int kBK = 32;
+constexpr int kStages = 3;
+constexpr int kThreads = 256;
+constexpr int kXPitch = kBK + 8;  // floats per staged activation row: conflict-free f32 pair loads
+constexpr int kWPitch = kBK + 8;  // bf16 per staged weight row: 80 bytes, conflict-free ldmatrix
+
+static_assert(kBM == 64 && kBN == 128, "the warp layout assumes 64 x 128 tiles");
+
+constexpr int kXStage = kBM * kXPitch;  // floats
+constexpr int kWStage = kBN * kWPitch;  // bf16
+
+constexpr size_t smem_bytes(bool split) {
+  return static_cast<size_t>(kStages) * (kXStage * 4 + kWStage * 2 * (split ? 2 : 1));
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// Copies that write zeros instead of reading when !valid (src must still be a mapped address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// (a, b) as bf16 pairs hi (round to nearest) and lo = the rounded remainders, a in the low half.
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t* hi, uint32_t* lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(a - __low2float(h), b - __high2float(h));
+  std::memcpy(hi, &h, 4);
+  std::memcpy(lo, &l, 4);
+}
+
+struct WSource {
+  const DevMatrix* m;
+  const void* data;
+  const void* scales;
+  const void* biases;
+  int64_t n;  // weight row
+  bool ok;    // inside the matrix
+};
+
+__device__ __forceinline__ WSource weight_source(const DevMatrix& m, int64_t expert, int64_t n) {
+  WSource s;
+  s.m = &m;
+  s.data = static_cast<const uint8_t*>(m.data) + expert * m.data_stride;
+  s.scales = m.scales == nullptr ? nullptr : static_cast<const uint8_t*>(m.scales) + expert * m.scale_stride;
+  s.biases = m.biases == nullptr ? nullptr : static_cast<const uint8_t*>(m.biases) + expert * m.scale_stride;
+  s.n = n;
+  s.ok = n < m.rows;
+  return s;
+}
+
+// Each thread stages kChunks chunks of 8 columns of the weight tile (row c / 4, columns 8 (c % 4) of the
+// stage) and kXChunks chunks of 4 activations (row c / 8, columns 4 (c % 8)).
+constexpr int kChunks = kBN * kBK / 8 / kThreads;
+constexpr int kXChunks = kBM * kBK / 4 / kThreads;
+static_assert(kChunks == 2 && kXChunks == 2, "staging assumes two chunks per thread");
+
+template <int FMT, int BITS, bool DUAL>
+__global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant__ MmaJob j) {
+  constexpr bool kDirect = FMT == static_cast<int>(WFmt::kBF16);  // weights copied as they are
+  constexpr bool kSplit = !kDirect;                               // weights need a lo tile
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* const xs = reinterpret_cast<float*>(smem);
+  uint16_t* const wh = reinterpret_cast<uint16_t*>(smem + static_cast<size_t>(kStages) * kXStage * 4);
+  uint16_t* const wl = wh + kStages * kWStage;
+  __shared__ int s_src[kBM], s_dst[kBM];
+
+  int p = 0;
+  while (p + 1 < j.parts && static_cast<int>(blockIdx.y) >= j.part[p].n_tiles_end) ++p;
+  const MmaPart& P = j.part[p];
+  const int nt = static_cast<int>(blockIdx.y) - (p == 0 ? 0 : j.part[p - 1].n_tiles_end);
+  // The next kernel is let in only once this block's main loop is done (below): a grid of several waves
+  // would otherwise share its SMs with blocks that only wait.
+  pdl_wait();
+
+  int expert = 0, first = 0, count = 0;
+  if (P.grouped != 0) {
+    const int t = static_cast<int>(blockIdx.x);
+    if (t >= j.tile_start[j.experts]) return;  // uniform over the block
+    expert = expert_of_tile(j.tile_start, j.experts, t);
+    first = (t - j.tile_start[expert]) * kBM;
+    count = min(kBM, j.count[expert] - first);
+  } else {
+    first = static_cast<int>(blockIdx.x) * kBM;
+    if (first >= P.rows) return;
+    count = min(kBM, P.rows - first);
+  }
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < kBM) {
+    int s = -1, d = -1;
+    if (tid < count) {
+      if (P.grouped != 0) {
+        const int v = j.list[static_cast<int64_t>(expert) * j.list_stride + first + tid];
+        s = v / P.list_div;
+        d = v;
+      } else {
+        s = first + tid;
+        d = s;
+      }
+    }
+    s_src[tid] = s;
+    s_dst[tid] = d;
+  }
+  __syncthreads();
+
+  const int64_t K = P.w.cols;
+  const int kt_count = static_cast<int>((K + kBK - 1) / kBK);
+  const bool xvec = (reinterpret_cast<uintptr_t>(P.x) % 16 == 0) && (P.xs % 4 == 0);
+  const float* xrow[kXChunks];
+#pragma unroll
+  for (int i = 0; i < kXChunks; ++i) {
+    const int s = s_src[(tid + i * kThreads) >> 3];
+    xrow[i] = s >= 0 ? P.x + static_cast<int64_t>(s) * P.xs : nullptr;
+  }
+  // Tile row r holds weight row nt * kBN + r, or for a gate/up pair row nt * kBN / 2 + r / 2 of the gate
+  // (r even) or the up projection (r odd): a thread's accumulator pair (c0, c1) is then (gate, up) of one
+  // output.
+  WSource src[kChunks];
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int r = (tid + i * kThreads) >> 2;
+    if constexpr (DUAL) {
+      src[i] =
+          weight_source((r & 1) != 0 ? P.w2 : P.w, expert, static_cast<int64_t>(nt) * (kBN / 2) + (r >> 1));
+    } else {
+      src[i] = weight_source(P.w, expert, static_cast<int64_t>(nt) * kBN + r);
+    }
+  }
+
+  auto load_x = [&](int stage, int64_t k0) {
+    float* base = xs + stage * kXStage;
+#pragma unroll
+    for (int i = 0; i < kXChunks; ++i) {
+      const int c = tid + i * kThreads;
+      const int64_t k = k0 + (c & 7) * 4;
+      const bool ok = xrow[i] != nullptr && k < K;
+      float* dst = base + (c >> 3) * kXPitch + (c & 7) * 4;
+      const float* s = ok ? xrow[i] + k : P.x;
+      if (xvec) {
+        cp_async16(dst, s, ok);
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cp_async4(dst + q, ok ? s + q : P.x, ok);
+      }
+    }
+  };
+  auto load_w_direct = [&](int stage, int64_t k0) {
+    uint16_t* base = wh + stage * kWStage;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = tid + i * kThreads;
+      const int64_t k = k0 + (c & 3) * 8;
+      const bool ok = src[i].ok && k < K;
+      const uint16_t* s = ok ? static_cast<const uint16_t*>(src[i].data) + src[i].n * K + k
+                             : static_cast<const uint16_t*>(P.w.data);
+      cp_async16(base + (c >> 2) * kWPitch + (c & 3) * 8, s, ok);
+    }
+  };
+  // Decoding formats: raw loads (or, for run-time formats, decoded weights) kept in registers for a stage.
+  RawW8 raw[kChunks];
+  float wdec[FMT == kAnyFmt ? kChunks : 1][8];
+  bool wok[kChunks];
+  auto fetch_w = [&](int64_t k0) {
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = tid + i * kThreads;
+      const int64_t chunk = k0 / 8 + (c & 3);
+      wok[i] = src[i].ok && chunk * 8 < K;
+      if (!wok[i]) continue;
+      if constexpr (FMT == kAnyFmt) {
+        load_w8_any(*src[i].m, src[i].data, src[i].scales, src[i].biases, src[i].n, chunk, wdec[i]);
+      } else if constexpr (!kDirect) {
+        raw[i] = load_raw8<FMT, BITS>(*src[i].m, src[i].data, src[i].scales, src[i].biases, src[i].n, chunk);
+      }
+    }
+  };
+  auto store_w = [&](int stage) {
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = tid + i * kThreads;
+      float w[8] = {};
+      if (wok[i]) {
+        if constexpr (FMT == kAnyFmt) {
+#pragma unroll
+          for (int q = 0; q < 8; ++q) w[q] = wdec[i][q];
+        } else if constexpr (!kDirect) {
+          decode8<FMT, BITS>(raw[i], w);
+        }
+      }
+      uint4 hi, lo;
+      split_pair(w[0], w[1], &hi.x, &lo.x);
+      split_pair(w[2], w[3], &hi.y, &lo.y);
+      split_pair(w[4], w[5], &hi.z, &lo.z);
+      split_pair(w[6], w[7], &hi.w, &lo.w);
+      const int at = stage * kWStage + (c >> 2) * kWPitch + (c & 3) * 8;
+      *reinterpret_cast<uint4*>(wh + at) = hi;
+      *reinterpret_cast<uint4*>(wl + at) = lo;
+    }
+  };
+  (void)raw;
+  (void)wdec;
+
+  const int warp = tid >> 5, lane = tid & 31;
+  const int wm = warp >> 2, wn = warp & 3;  // 32-row, 32-column quarter of the tile
+  const int g = lane >> 2, t4 = lane & 3;
+  float acc[2][4][4] = {};
+
+  auto compute = [&](int stage) {
+    const float* xb = xs + stage * kXStage;
+    const uint16_t* hb = wh + stage * kWStage;
+    const uint16_t* lb = wl + stage * kWStage;
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      uint32_t ah[2][4], al[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const float* r0 = xb + (wm * 32 + mi * 16 + g) * kXPitch + kk + 2 * t4;
+        const float2 v0 = *reinterpret_cast<const float2*>(r0);
+        const float2 v1 = *reinterpret_cast<const float2*>(r0 + 8 * kXPitch);
+        const float2 v2 = *reinterpret_cast<const float2*>(r0 + 8);
+        const float2 v3 = *reinterpret_cast<const float2*>(r0 + 8 * kXPitch + 8);
+        split_pair(v0.x, v0.y, &ah[mi][0], &al[mi][0]);
+        split_pair(v1.x, v1.y, &ah[mi][1], &al[mi][1]);
+        split_pair(v2.x, v2.y, &ah[mi][2], &al[mi][2]);
+        split_pair(v3.x, v3.y, &ah[mi][3], &al[mi][3]);
+      }
+      uint32_t bh[4][2], bl[4][2];
+      (void)bl;
+#pragma unroll
+      for (int pr = 0; pr < 2; ++pr) {
+        // Matrices 0..3 of ldmatrix.x4: (n tile 2 pr, k 0-7), (2 pr, k 8-15), (2 pr + 1, k 0-7), (2 pr + 1,
+        // k 8-15); lanes 8q..8q+7 address the rows of matrix q.
+        const int row = wn * 32 + pr * 16 + (lane >> 4) * 8 + (lane & 7);
+        const int col = kk + ((lane >> 3) & 1) * 8;
+        uint32_t r[4];
+        ldmatrix_x4(r, hb + row * kWPitch + col);
+        bh[2 * pr][0] = r[0], bh[2 * pr][1] = r[1], bh[2 * pr + 1][0] = r[2], bh[2 * pr + 1][1] = r[3];
+        if constexpr (kSplit) {
+          ldmatrix_x4(r, lb + row * kWPitch + col);
+          bl[2 * pr][0] = r[0], bl[2 * pr][1] = r[1], bl[2 * pr + 1][0] = r[2], bl[2 * pr + 1][1] = r[3];
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+          mma_bf16(acc[mi][ni], ah[mi], bh[ni]);
+          mma_bf16(acc[mi][ni], al[mi], bh[ni]);
+          if constexpr (kSplit) mma_bf16(acc[mi][ni], ah[mi], bl[ni]);
+        }
+      }
+    }
+    (void)lb;
+  };
+
+  // Prologue: the first kStages - 1 stages in flight (one commit group each, empty past the end).
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < kt_count) {
+      load_x(s, static_cast<int64_t>(s) * kBK);
+      if constexpr (kDirect) {
+        load_w_direct(s, static_cast<int64_t>(s) * kBK);
+      } else {
+        fetch_w(static_cast<int64_t>(s) * kBK);
+        store_w(s);
+      }
+    }
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < kt_count; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kt is visible; stage kt - 1 is no longer read
+    const int next = kt + kStages - 1;
+    const int ns = next % kStages;
+    if (next < kt_count) {
+      load_x(ns, static_cast<int64_t>(next) * kBK);
+      if constexpr (kDirect) {
+        load_w_direct(ns, static_cast<int64_t>(next) * kBK);
+      } else {
+        fetch_w(static_cast<int64_t>(next) * kBK);
+      }
+    }
+    cp_async_commit();
+    compute(kt % kStages);
+    if constexpr (!kDirect) {
+      if (next < kt_count) store_w(ns);
+    }
+  }
+  cp_async_wait<0>();
+  pdl_launch_dependents();
+
+  // Fragment c of n tile ni: row g (c0, c1) or g + 8 (c2, c3), tile columns 2 t4 and 2 t4 + 1.
+  const int64_t N = P.w.rows;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int d = s_dst[wm * 32 + mi * 16 + g + half * 8];
+      if (d < 0) continue;
+      float* o = P.out + static_cast<int64_t>(d) * P.os;
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+        const float c0 = acc[mi][ni][2 * half], c1 = acc[mi][ni][2 * half + 1];
+        const int col = wn * 32 + ni * 8 + 2 * t4;
+        if constexpr (DUAL) {
+          const int64_t f = static_cast<int64_t>(nt) * (kBN / 2) + (col >> 1);
+          if (f < N) o[f] = siluf_(c0) * c1;
+        } else {
+          const int64_t n = static_cast<int64_t>(nt) * kBN + col;
+          if (n < N) o[n] = j.accumulate != 0 ? o[n] + c0 : c0;
+          if (n + 1 < N) o[n + 1] = j.accumulate != 0 ? o[n + 1] + c1 : c1;
+        }
+      }
+    }
+  }
+}
+
+template <int FMT, int BITS, bool DUAL>
+void launch_kernel(const MmaJob& j, dim3 grid, cudaStream_t stream) {
+  launch_pdl(mma_kernel<FMT, BITS, DUAL>, grid, dim3(kThreads),
+             smem_bytes(FMT != static_cast<int>(WFmt::kBF16)), stream, j);
+}
+
+template <int FMT, int BITS, bool DUAL>
+void opt_in() {
+  cudaFuncSetAttribute(mma_kernel<FMT, BITS, DUAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(smem_bytes(FMT != static_cast<int>(WFmt::kBF16))));
+}
+
+}  // namespace
+
+void init_mma_kernels() {
+  for (WFmt f : {WFmt::kF32, WFmt::kF16, WFmt::kBF16, WFmt::kAffine}) {
+    for (int bits = 2; bits <= 8; ++bits) {
+      if (f != WFmt::kAffine && bits > 2) break;
+      with_format(f, bits, [](auto t) {
+        opt_in<decltype(t)::kFmt, decltype(t)::kBits, false>();
+        opt_in<decltype(t)::kFmt, decltype(t)::kBits, true>();
+      });
+    }
+  }
+  opt_in<kAnyFmt, 0, true>();
+}
+
+void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream) {
+  if (j.parts <= 0 || m_tiles <= 0) return;
+  const int n_tiles = j.part[j.parts - 1].n_tiles_end;
+  if (n_tiles <= 0) return;
+  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(n_tiles));
+  const DevMatrix& w = j.part[0].w;
+  if (j.dual != 0) {
+    const DevMatrix& w2 = j.part[0].w2;
+    if (w.fmt != w2.fmt || w.bits != w2.bits) {
+      launch_kernel<kAnyFmt, 0, true>(j, grid, stream);
+      return;
+    }
+    with_format(w.fmt, w.bits,
+                [&](auto t) { launch_kernel<decltype(t)::kFmt, decltype(t)::kBits, true>(j, grid, stream); });
+    return;
+  }
+  with_format(w.fmt, w.bits,
+              [&](auto t) { launch_kernel<decltype(t)::kFmt, decltype(t)::kBits, false>(j, grid, stream); });
+}
+
+}  // namespace pd::cuda
