@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 BIN := build/$(PRESET)/bin/puredrive
 MODEL ?= models/tiny-coder
 
-.PHONY: all deps configure build test test-asan run fixtures format clean
+.PHONY: all deps configure build test test-asan test-fuzz run fixtures format clean
 
 all: build
 
@@ -32,6 +32,15 @@ ASAN_SKIP := greedy_identity_tests|seeded_identity_tests|chi_square_engine_tests
 test-asan:
 	@$(MAKE) --no-print-directory build PRESET=asan
 	@ctest --preset asan -j $(JOBS) -E '$(ASAN_SKIP)'
+
+# Fuzz job: every fuzz target (tests/fuzz) built with clang's libFuzzer under ASan + UBSan and run
+# FUZZ_SECONDS each from its seeds. A longer recorded run: make test-fuzz FUZZ_SECONDS=600.
+FUZZ_SECONDS ?= 30
+
+test-fuzz: deps
+	@cmake --preset fuzz -DPD_FUZZ_SECONDS=$(FUZZ_SECONDS) > /dev/null
+	@cmake --build --preset fuzz -j $(JOBS)
+	@ctest --preset fuzz -j $(JOBS)
 
 run: build
 	@scripts/run-demo.sh $(BIN) $(MODEL)

@@ -2,7 +2,8 @@
 # Installs the Debian packages PureDrive builds against. Idempotent: does nothing when all are present.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcli11-dev
-      libfmt-dev libgtest-dev libgmock-dev libcpp-httplib-dev libssl-dev zlib1g-dev curl python3 python3-venv)
+      libfmt-dev libgtest-dev libgmock-dev libboost-dev libssl-dev zlib1g-dev curl python3 python3-venv
+      clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

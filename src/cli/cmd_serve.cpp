@@ -4,6 +4,7 @@
 // --fake-engine (hidden, TEST ONLY) serves the deterministic fake engine and frontend of
 // src/puredrive/server/testing/ instead of a model, so the HTTP layer and its tests run without weights. It
 // exists only in the test binary puredrive_fake_serve, which registers the fakes (cli/fake_serve.h).
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -45,12 +47,16 @@ struct ServeArgs {
   int threads = 0;
   int http_threads = 64;
   int read_timeout = 10;
+  int idle_timeout = 30;
+  int max_connections = 1024;
+  int max_connections_per_client = 128;
   int max_body_mb = 32;
   int keepalive_ms = 3000;
   // Test only.
   bool fake_engine = false;
   int fake_token_delay_ms = 0;
   int fake_prefill_delay_ms = 0;
+  int fake_load_delay_ms = 0;
 };
 
 [[noreturn]] void fail(const std::string& message) {
@@ -70,6 +76,8 @@ struct Served {
 constexpr int kFakeContext = 4096;
 
 Served load_fake(const ServeArgs& a) {
+  // Stands in for a long model load (signal handling during loading is tested with it).
+  std::this_thread::sleep_for(std::chrono::milliseconds(a.fake_load_delay_ms));
   FakeServed fake =
       fake_serve_factory()({.model_id = a.model_alias,
                             .context_size = a.ctx_size > 0 ? a.ctx_size : kFakeContext,
@@ -138,18 +146,79 @@ void run_serve(const ServeArgs& args) {
   if (a.mtp_draft < 0) fail(fmt::format("--mtp-draft must be >= 0, got {}", a.mtp_draft));
   if (a.http_threads < 2) fail(fmt::format("--http-threads must be at least 2, got {}", a.http_threads));
   if (a.read_timeout < 1) fail(fmt::format("--read-timeout must be at least 1 s, got {}", a.read_timeout));
+  if (a.idle_timeout < 1) fail(fmt::format("--idle-timeout must be at least 1 s, got {}", a.idle_timeout));
+  if (a.max_connections < 1 || a.max_connections_per_client < 1) {
+    fail(fmt::format("--max-connections and --max-connections-per-client must be at least 1, got {} and {}",
+                     a.max_connections, a.max_connections_per_client));
+  }
+  if (a.http_threads <= a.max_queue + 1) {
+    PD_LOG_WARN(
+        "--http-threads {} <= --max-queue {} + 1: requests waiting for the engine can take every handler "
+        "thread, and further generation requests get 503 server_busy",
+        a.http_threads, a.max_queue);
+  }
   if (a.max_body_mb < 1 || a.max_body_mb > 4096) {
     fail(fmt::format("--max-body-mb must be in [1, 4096], got {}", a.max_body_mb));
   }
   if (a.keepalive_ms < 10) fail(fmt::format("--keepalive-ms must be at least 10, got {}", a.keepalive_ms));
 
-  // Signals go to one waiting thread (blocked everywhere else), which stops the server.
+  // Request buffers (bodies, parsed JSON, prompt text) of 4 MiB and more are mapped and unmapped, and arena
+  // tops over 8 MiB are given back: with glibc's dynamic thresholds a 29 MB prompt left about that much
+  // resident in each arena it passed through, for good. The engine's decode-step buffers are far smaller; a
+  // wide CPU prefill step may map a few of its buffers anew, page faults that are small next to the step.
+  mallopt(M_MMAP_THRESHOLD, 4 << 20);
+  mallopt(M_TRIM_THRESHOLD, 8 << 20);
+
+  // Signals go to one waiting thread (blocked everywhere else). While the model loads there is nothing to
+  // shut down cleanly, so a signal ends the process at once; once serving, it stops the server.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that vanishes mid-write must not kill the server
+
+  struct StopTargets {
+    std::mutex mu;
+    server::Scheduler* scheduler = nullptr;
+    server::HttpServer* http = nullptr;
+    bool stopping = false;
+    bool done = false;  // run_serve is leaving: the signal thread only returns
+  } targets;
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    std::lock_guard lock(targets.mu);
+    if (targets.done) return;
+    targets.stopping = true;
+    if (!targets.http) {
+      PD_LOG_INFO("signal {} while loading: exiting", sig);
+      std::fflush(stderr);
+      std::_Exit(128 + sig);
+    }
+    PD_LOG_INFO("signal {}: shutting down", sig);
+    // Cancel generations first: their streams end with an error event, which frees the handler threads
+    // that the HTTP server joins when it stops.
+    targets.scheduler->shutdown();
+    targets.http->stop();
+  });
+  // Whatever way run_serve ends (a load error included), the signal thread is woken and joined.
+  struct JoinSignalThread {
+    StopTargets& t;
+    std::thread& thread;
+    ~JoinSignalThread() {
+      bool wake = false;
+      {
+        std::lock_guard lock(t.mu);
+        t.done = true;
+        t.http = nullptr;
+        t.scheduler = nullptr;
+        wake = !t.stopping;
+      }
+      if (wake) pthread_kill(thread.native_handle(), SIGTERM);
+      thread.join();
+    }
+  } join_signal_thread{targets, signal_thread};
 
   Served served = load_served(a);
   server::Metrics metrics;
@@ -169,21 +238,19 @@ void run_serve(const ServeArgs& args) {
   ho.api_key = a.api_key;
   ho.max_body_bytes = static_cast<size_t>(a.max_body_mb) << 20;
   ho.read_timeout_seconds = a.read_timeout;
+  ho.idle_timeout_seconds = a.idle_timeout;
   ho.threads = a.http_threads;
+  ho.max_connections = a.max_connections;
+  ho.max_connections_per_client = a.max_connections_per_client;
   server::HttpServer http(ho, service, metrics);
   auto port = http.bind();
   if (!port) fail(port.status().message());
-
-  std::atomic<bool> stopping{false};
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    if (!stopping.exchange(true)) PD_LOG_INFO("signal {}: shutting down", sig);
-    // Cancel generations first: their streams end with an error event, which frees the HTTP threads that
-    // the HTTP server joins when it stops.
-    scheduler.shutdown();
-    http.stop();
-  });
+  {
+    std::lock_guard lock(targets.mu);
+    if (targets.stopping) return;
+    targets.scheduler = &scheduler;
+    targets.http = &http;
+  }
 
   const server::EngineInfo info = served.engine->info();
   PD_LOG_INFO("serving '{}' ({} backend, context {} tokens, MTP draft {}, queue {}) on http://{}:{}{}",
@@ -194,8 +261,11 @@ void run_serve(const ServeArgs& args) {
   std::fflush(stdout);
 
   http.run();
-  if (!stopping.exchange(true)) pthread_kill(signal_thread.native_handle(), SIGTERM);
-  signal_thread.join();
+  {
+    std::lock_guard lock(targets.mu);
+    targets.http = nullptr;
+    targets.scheduler = nullptr;
+  }
   scheduler.shutdown();
 }
 
@@ -227,8 +297,18 @@ void setup_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "CPU threads for the engine (0: all cores)")
       ->capture_default_str();
-  cmd->add_option("--http-threads", args->http_threads, "Concurrent HTTP connections")->capture_default_str();
-  cmd->add_option("--read-timeout", args->read_timeout, "Seconds a stalled request read may take")
+  cmd->add_option("--http-threads", args->http_threads,
+                  "Handler threads for generation requests (more than --max-queue + 1)")
+      ->capture_default_str();
+  cmd->add_option("--read-timeout", args->read_timeout,
+                  "Seconds a request's headers may take in all (its body: this plus one per MiB)")
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout", args->idle_timeout, "Seconds a kept-alive connection may wait idle")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", args->max_connections, "Open connections in all; more get 503")
+      ->capture_default_str();
+  cmd->add_option("--max-connections-per-client", args->max_connections_per_client,
+                  "Open connections from one client address; more get 503")
       ->capture_default_str();
   cmd->add_option("--max-body-mb", args->max_body_mb, "Largest request body in MiB (413 beyond)")
       ->capture_default_str();
@@ -240,6 +320,7 @@ void setup_serve(CLI::App& app) {
         ->group("");
     cmd->add_option("--fake-token-delay-ms", args->fake_token_delay_ms, "TEST ONLY")->group("");
     cmd->add_option("--fake-prefill-delay-ms", args->fake_prefill_delay_ms, "TEST ONLY")->group("");
+    cmd->add_option("--fake-load-delay-ms", args->fake_load_delay_ms, "TEST ONLY")->group("");
   }
   cmd->callback([args] { run_serve(*args); });
 }

@@ -41,8 +41,12 @@ class Server:
 
     def __init__(self, *extra):
         self.log = tempfile.NamedTemporaryFile(prefix="serve-", suffix=".log", dir=LOG_DIR, delete=False)
-        cmd = [BIN, "serve", "--port", "0", "--ctx-size", str(CTX_SIZE), "--read-timeout", "2",
-               "--keepalive-ms", "300", *SERVE_ARGS, *extra]
+        defaults = {"--ctx-size": str(CTX_SIZE), "--read-timeout": "2", "--keepalive-ms": "300"}
+        cmd = [BIN, "serve", "--port", "0"]
+        for flag, value in defaults.items():
+            if flag not in extra:  # a test's own value wins (each option may be given once)
+                cmd += [flag, value]
+        cmd += [*SERVE_ARGS, *extra]
         if FAKE and "--fake-token-delay-ms" not in extra:
             cmd += ["--fake-token-delay-ms", "1"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)

@@ -86,6 +86,11 @@ CHAT = b"/v1/chat/completions"
          400, "bad_http_request"),
         ("content-length not a number", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
          400, None),
+        ("negative content-length", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}",
+         400, "bad_http_request"),
+        ("header line without a colon", b"GET /health HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n", 400,
+         "bad_http_request"),
+        ("number out of range", post(CHAT, b'{"model": "m", "messages": [], "x": 1e400}'), 400, None),
     ],
 )
 def test_malformed_requests(server, name, data, status, code):
@@ -135,3 +140,53 @@ def test_many_stalled_connections_do_not_block_others(server):
     finally:
         for s in stalled:
             s.close()
+
+
+def test_bad_input_is_answered_at_once(server):
+    """Malformed framing gets its 400 right away, not after the read timeout."""
+    got, body, seconds = exchange(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
+    assert got == 400
+    assert seconds < READ_TIMEOUT
+
+
+def test_expect_100_continue_is_not_granted_for_a_body_over_the_limit(server):
+    data = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 400000000\r\n\r\n")
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    try:
+        s.sendall(data)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        s.close()
+    assert buf.startswith(b"HTTP/1.1 413 ")
+    assert b"100 Continue" not in buf
+
+
+def test_response_format_type_must_be_a_string(server, model):
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                       "response_format": {"type": 1}}).encode()
+    got, reply, _ = exchange(server, post(CHAT, body))
+    assert got == 400
+    assert_openai_error(reply, "invalid_type")
+
+
+def test_echoed_input_is_truncated_and_logs_stay_one_line(server, model):
+    huge = "m" * (20 << 20)
+    body = json.dumps({"model": huge, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    got, reply, _ = exchange(server, post(CHAT, body))
+    assert got == 404
+    assert len(reply) < 2000
+    assert_openai_error(reply, "model_not_found")
+    forged = "user\nE 2026-12-01T00:00:00.000Z forged line"
+    body = json.dumps({"model": model, "messages": [{"role": forged, "content": "hi"}]}).encode()
+    got, reply, _ = exchange(server, post(CHAT, body))
+    assert got == 400
+    log = server.log_text()
+    assert "forged line" in log
+    assert not any(line.startswith("E 2026-12-01T00:00:00.000Z forged") for line in log.splitlines())
+    assert all(len(line) < 10_000 for line in log.splitlines())

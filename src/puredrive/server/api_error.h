@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "puredrive/util/status.h"
 
@@ -25,5 +26,13 @@ ApiError invalid_request(std::string message, std::string param = "", std::strin
 // Maps a Status from the frontend or the engine: kInvalidArgument / kUnsupported are the client's fault
 // (400), everything else is ours (500).
 ApiError error_from_status(const Status& status);
+
+// Client text quoted in an error message: at most kMaxEchoBytes, cut at a character boundary, with the full
+// size noted, so that a 20 MB model name is not sent back (and logged) whole.
+inline constexpr size_t kMaxEchoBytes = 200;
+std::string echo(std::string_view client_text, size_t max_bytes = kMaxEchoBytes);
+// Text for a log line: control characters and invalid UTF-8 escaped (\n, \x1b, ...) so that client text
+// cannot forge log lines or send terminal sequences; longer text is cut to `max_bytes`.
+std::string log_safe(std::string_view text, size_t max_bytes = 4096);
 
 }  // namespace pd::server

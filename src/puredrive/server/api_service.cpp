@@ -13,6 +13,7 @@ using Clock = std::chrono::steady_clock;
 
 // How long a cancelled request's HTTP thread waits for the engine to confirm, to log its statistics.
 constexpr auto kCancelConfirmWait = std::chrono::seconds(2);
+constexpr size_t kMaxErrorMessageBytes = 2048;
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -72,7 +73,10 @@ ApiService::ApiService(ServiceOptions options, Scheduler& scheduler, EngineInfo 
   fingerprint_ = fmt::format("fp_puredrive_0.1.0_{}", engine_.backend);
 }
 
-Reply ApiService::error(const ApiError& e, std::string_view endpoint, std::string_view request_id) const {
+Reply ApiService::error(const ApiError& error, std::string_view endpoint, std::string_view request_id) const {
+  ApiError e = error;
+  // Messages quote client text through echo(); this bounds whatever slipped through.
+  e.message = echo(e.message, kMaxErrorMessageBytes);
   metrics_.on_error(e.code.empty() ? e.type : e.code);
   Reply r;
   if (anthropic_endpoint(endpoint)) {
@@ -84,16 +88,43 @@ Reply ApiService::error(const ApiError& e, std::string_view endpoint, std::strin
   }
   const std::string id = request_id.empty() ? "-" : std::string(request_id);
   if (r.status >= 500) {
-    PD_LOG_ERROR("{} {} {} {}: {}", id, endpoint, r.status, e.type, e.message);
+    PD_LOG_ERROR("{} {} {} {}: {}", id, endpoint, r.status, e.type, log_safe(e.message));
   } else {
-    PD_LOG_WARN("{} {} {} {}: {}", id, endpoint, r.status, e.code.empty() ? e.type : e.code, e.message);
+    PD_LOG_WARN("{} {} {} {}: {}", id, endpoint, r.status, e.code.empty() ? e.type : e.code,
+                log_safe(e.message));
   }
   return r;
+}
+
+std::optional<Reply> ApiService::refuse_untokenizable(size_t text_bytes, std::string_view param,
+                                                      std::string_view endpoint, std::string_view id) const {
+  // Tokenizing costs tens of times the text's size in memory, so a text that cannot fit is refused by its
+  // length alone. Each token covers at most max_token_bytes bytes of normalized text, and normalization
+  // (NFC, as in the Qwen tokenizers) makes text at most 3x shorter (Hangul jamo); 4 leaves a margin.
+  const size_t longest = frontend_.prompts->max_token_bytes();
+  if (longest == 0) return std::nullopt;
+  const auto ctx = static_cast<size_t>(engine_.context_size);
+  if (text_bytes / (4 * longest) < ctx) return std::nullopt;
+  return error(
+      invalid_request(fmt::format("This model's maximum context length is {} tokens, but the prompt is {} "
+                                  "bytes long, which is more than {} tokens whatever its tokenization. "
+                                  "Shorten the prompt.",
+                                  ctx, text_bytes, ctx),
+                      std::string(param), "context_length_exceeded"),
+      endpoint, id);
 }
 
 std::variant<PromptTokens, Reply> ApiService::render_prompt(const ChatPrompt& prompt,
                                                             std::string_view endpoint,
                                                             std::string_view request_id) const {
+  // Only what every chat template renders whole counts: earlier assistant turns may be shortened.
+  size_t text_bytes = 0;
+  for (const ChatMessage& m : prompt.messages) {
+    if (m.role != "assistant") text_bytes += m.content.size();
+  }
+  if (auto refusal = refuse_untokenizable(text_bytes, "messages", endpoint, request_id)) {
+    return std::move(*refusal);
+  }
   auto tokens = frontend_.prompts->render_chat(prompt);
   if (tokens) return std::move(*tokens);
   ApiError e = error_from_status(tokens.status());
@@ -152,16 +183,22 @@ std::variant<ApiService::Admitted, Reply> ApiService::admit(GenerationRequest re
 }
 
 std::optional<ApiService::Collected> ApiService::collect(Admitted& a, ClientConnection& client) {
+  client.on_gone([handle = a.handle] { handle->cancel(); });
   Collected c;
   for (;;) {
-    auto ev = a.handle->next(options_.poll_interval);
-    if (!ev) {
-      if (client.alive()) continue;
+    // Checked between events too: a generation that produces tokens without pause never times out here.
+    if (!client.alive()) {
       a.handle->cancel();
       log_finished(a, 499, await_finish(*a.handle), "client disconnected");
       return std::nullopt;
     }
+    auto ev = a.handle->next(options_.poll_interval);
+    if (!ev) continue;
     if (ev->kind == StreamEvent::Kind::kFinished) {
+      if (ev->result.reason == FinishReason::kCancelled && !client.alive()) {
+        log_finished(a, 499, ev->result, "client disconnected");
+        return std::nullopt;
+      }
       c.result = std::move(ev->result);
       return c;
     }
@@ -172,6 +209,7 @@ std::optional<ApiService::Collected> ApiService::collect(Admitted& a, ClientConn
 
 std::optional<GenerationResult> ApiService::pump(Admitted& a, StreamWriter& writer,
                                                  const std::function<bool(GenerationOutput&)>& on_output) {
+  writer.client().on_gone([handle = a.handle] { handle->cancel(); });
   bool gone = writer.failed();
   while (!gone) {
     auto ev = a.handle->next(options_.poll_interval);
@@ -185,7 +223,13 @@ std::optional<GenerationResult> ApiService::pump(Admitted& a, StreamWriter& writ
       }
       continue;
     }
-    if (ev->kind == StreamEvent::Kind::kFinished) return std::move(ev->result);
+    if (ev->kind == StreamEvent::Kind::kFinished) {
+      if (ev->result.reason == FinishReason::kCancelled && !writer.client().alive()) {
+        log_finished(a, 200, ev->result, "client disconnected mid-stream");
+        return std::nullopt;
+      }
+      return std::move(ev->result);
+    }
     gone = !on_output(ev->output) || writer.failed();
   }
   a.handle->cancel();
@@ -239,7 +283,7 @@ Reply ApiService::get_model(std::string_view id) const {
   }
   return error(ApiError{.status = 404,
                         .type = "invalid_request_error",
-                        .message = fmt::format("The model '{}' does not exist.", id),
+                        .message = fmt::format("The model '{}' does not exist.", echo(id)),
                         .param = "model",
                         .code = "model_not_found"},
                "/v1/models");

@@ -1,13 +1,13 @@
 // The OpenAI-compatible API and Anthropic's Messages API, independent of the HTTP library: each endpoint
 // takes the request body and the client connection and returns a Reply (status, headers, body, or a function
-// that streams the body as server-sent events). http_server.cpp adapts it to cpp-httplib; tests can call it
+// that streams the body as server-sent events). http_server.cpp serves it over HTTP; tests can call it
 // directly.
 //
 // A generation request goes: parse + validate (chat_request / completion_request / anthropic_request) ->
 // PromptBuilder ->
 // context check -> Scheduler::submit -> events -> OutputParser (chat) -> JSON or SSE chunks. The HTTP thread
-// only waits on the request's event queue; it polls the client connection while waiting and cancels the
-// generation as soon as the client is gone.
+// only waits on the request's event queue; the connection cancels the generation as soon as its client is
+// gone (ClientConnection::on_gone), and the waiting thread checks the client between events as well.
 #pragma once
 
 #include <chrono>
@@ -40,6 +40,10 @@ class ClientConnection {
   virtual bool write(std::string_view data) = 0;
   // False once the client closed or reset the connection.
   virtual bool alive() = 0;
+  // Registers `cancel` to run, possibly on another thread, as soon as the client is seen gone (at once if it
+  // already is), so that its generation stops within one step instead of at the next poll of alive().
+  // Connections that cannot watch their socket keep this no-op and are polled.
+  virtual void on_gone(std::function<void()> cancel) { (void)cancel; }
 };
 
 struct Reply {
@@ -103,6 +107,9 @@ class ApiService {
     GenerationResult result;
   };
 
+  // The refusal of a prompt whose text (text_bytes) cannot fit the context whatever its tokenization.
+  std::optional<Reply> refuse_untokenizable(size_t text_bytes, std::string_view param,
+                                            std::string_view endpoint, std::string_view id) const;
   // The chat template applied to a prompt, or the error reply (400 invalid_prompt when the template refused).
   std::variant<PromptTokens, Reply> render_prompt(const ChatPrompt& prompt, std::string_view endpoint,
                                                   std::string_view request_id) const;

@@ -41,12 +41,12 @@ bool read_content(FieldReader& f, const RequestJson& message, const std::string&
           fmt::format(
               "Content part type '{}' in '{}' is not supported: this server runs a text-only model. Send "
               "text parts only.",
-              type, part_path),
+              echo(type), part_path),
           param_name(part_path, "type"), "unsupported_content_type"));
     } else {
       return f.fail(invalid_request(
           fmt::format("Invalid value for '{}': unknown content part type '{}'; expected 'text'.",
-                      param_name(part_path, "type"), type),
+                      param_name(part_path, "type"), echo(type)),
           param_name(part_path, "type"), "invalid_value"));
     }
   }
@@ -115,7 +115,7 @@ bool read_message(FieldReader& top, const RequestJson& message, size_t index, Ch
         fmt::format(
             "Invalid value for '{}': '{}' is not a supported role; expected one of 'system', 'developer', "
             "'user', 'assistant', 'tool'.",
-            param_name(path, "role"), m->role),
+            param_name(path, "role"), echo(m->role)),
         param_name(path, "role"), "invalid_value"));
     return top.fail(*f.error());
   }
@@ -159,7 +159,7 @@ bool read_tools(FieldReader& f, ChatPrompt* prompt) {
     if (type != "function") {
       return f.fail(invalid_request(
           fmt::format("Invalid value for '{}': '{}' tools are not supported; expected 'function'.",
-                      param_name(path, "type"), type),
+                      param_name(path, "type"), echo(type)),
           param_name(path, "type"), "invalid_value"));
     }
     const RequestJson* fn = tf.find("function");
@@ -180,11 +180,11 @@ bool read_tools(FieldReader& f, ChatPrompt* prompt) {
     if (!is_valid_function_name(name)) {
       return f.fail(invalid_request(
           fmt::format("Invalid value for '{}': '{}' does not match '^[a-zA-Z0-9_-]{{1,64}}$'.",
-                      ff.name("name"), name),
+                      ff.name("name"), echo(name)),
           ff.name("name"), "invalid_value"));
     }
     if (!names.insert(name).second) {
-      return f.fail(invalid_request(fmt::format("Duplicate tool name '{}' in '{}'.", name, path),
+      return f.fail(invalid_request(fmt::format("Duplicate tool name '{}' in '{}'.", echo(name), path),
                                     ff.name("name"), "invalid_value"));
     }
     if (const RequestJson* params = ff.find("parameters"); params && !params->is_object()) {
@@ -212,7 +212,7 @@ bool read_tool_choice(FieldReader& f, ChatPrompt* prompt) {
       return f.value_error("tool_choice",
                            fmt::format("expected 'none', 'auto', 'required' or an object naming a "
                                        "function, but got '{}'.",
-                                       s));
+                                       echo(s)));
     }
   } else if (choice->is_object()) {
     FieldReader cf(*choice, "tool_choice");
@@ -238,8 +238,8 @@ bool read_tool_choice(FieldReader& f, ChatPrompt* prompt) {
     bool found = false;
     for (const auto& t : prompt->tools) found = found || t["function"]["name"] == tc.function_name;
     if (!found) {
-      return f.value_error("tool_choice",
-                           fmt::format("function '{}' is not among the request's tools.", tc.function_name));
+      return f.value_error("tool_choice", fmt::format("function '{}' is not among the request's tools.",
+                                                      echo(tc.function_name)));
     }
   }
   return true;
@@ -249,13 +249,15 @@ bool read_tool_choice(FieldReader& f, ChatPrompt* prompt) {
 bool reject_unsupported(FieldReader& f) {
   if (const RequestJson* rf = f.find("response_format")) {
     if (!rf->is_object()) return f.type_error("response_format", "an object");
-    const std::string type = rf->value("type", "");
+    FieldReader rff(*rf, "response_format");
+    std::string type;
+    if (!rff.require_string("type", &type)) return f.fail(*rff.error());
     if (type != "text") {
       return f.fail(invalid_request(
           fmt::format(
               "response_format type '{}' is not supported (no constrained decoding); use 'text' and ask "
               "for JSON in the prompt.",
-              type),
+              echo(type)),
           "response_format", "unsupported_value"));
     }
   }

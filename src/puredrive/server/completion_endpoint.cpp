@@ -23,6 +23,9 @@ Reply ApiService::completions(std::string_view body, ClientConnection& client) {
     g.prompt_ids = req.prompt_ids;
     if (req.echo) echo_text = frontend_.prompts->detokenize(req.prompt_ids);
   } else {
+    if (auto refusal = refuse_untokenizable(req.prompt_text.size(), "prompt", kEndpoint, id)) {
+      return std::move(*refusal);
+    }
     auto tokens = frontend_.prompts->tokenize(req.prompt_text);
     if (!tokens) {
       ApiError e = error_from_status(tokens.status());

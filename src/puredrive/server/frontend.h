@@ -72,6 +72,9 @@ class PromptBuilder {
   // End-of-turn / end-of-text ids that end a generation.
   virtual std::vector<int32_t> stop_token_ids() const = 0;
   virtual int32_t vocab_size() const = 0;
+  // Bytes of the longest token, added tokens included; 0 when unknown. It bounds how few tokens a text can
+  // become, so that a prompt that cannot fit the context is refused before it is tokenized.
+  virtual size_t max_token_bytes() const { return 0; }
 };
 
 struct ParsedToolCall {

@@ -26,6 +26,11 @@ void Metrics::on_error(std::string_view type) {
   ++errors_[std::string(type)];
 }
 
+void Metrics::on_admitted() {
+  std::lock_guard lock(mu_);
+  ++admitted_;
+}
+
 void Metrics::on_generation(const GenerationResult& result, double queue_seconds) {
   std::lock_guard lock(mu_);
   const GenerationStats& s = result.stats;
@@ -56,6 +61,11 @@ std::string Metrics::render(const QueueGauges& queue) const {
   for (const auto& [type, n] : errors_) {
     out += fmt::format("puredrive_errors_total{{type=\"{}\"}} {}\n", type, n);
   }
+  header(
+      out, "puredrive_generations_admitted_total", "counter",
+      "Requests accepted into the queue; each ends in puredrive_generations_total, so admitted = the sum of "
+      "generations_total + queue_length + requests_running.");
+  sample(out, "puredrive_generations_admitted_total", admitted_);
   header(out, "puredrive_generations_total", "counter", "Finished generations by finish reason.");
   for (const auto& [reason, n] : finished_) {
     out += fmt::format("puredrive_generations_total{{reason=\"{}\"}} {}\n", reason, n);

@@ -25,6 +25,8 @@ class Metrics {
   void on_http_response(std::string_view endpoint, int status);
   // Every error response or failed stream, by OpenAI error type ("invalid_request_error", ...).
   void on_error(std::string_view type);
+  // Every request the scheduler accepted; each one ends in exactly one on_generation().
+  void on_admitted();
   // Every generation the engine finished (including cancelled ones), with its time in the queue.
   void on_generation(const GenerationResult& result, double queue_seconds);
 
@@ -35,6 +37,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> http_;
   std::map<std::string, uint64_t> errors_;
   std::map<std::string, uint64_t> finished_;
+  uint64_t admitted_ = 0;
   uint64_t prompt_tokens_ = 0;
   uint64_t cached_prompt_tokens_ = 0;
   uint64_t completion_tokens_ = 0;

@@ -95,6 +95,9 @@ Expected<std::shared_ptr<ModelPromptBuilder>> ModelPromptBuilder::load(const std
   b->vocab_size_ =
       vocab_limit > 0 ? std::min(vocab_limit, b->tokenizer_.id_limit()) : b->tokenizer_.id_limit();
   b->markup_ = detect_markup(b->tokenizer_);
+  for (int32_t id = 0; id < b->tokenizer_.id_limit(); ++id) {
+    b->max_token_bytes_ = std::max(b->max_token_bytes_, b->tokenizer_.token_bytes(id).size());
+  }
   return b;
 }
 

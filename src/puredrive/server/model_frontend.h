@@ -39,6 +39,7 @@ class ModelPromptBuilder final : public PromptBuilder {
   std::string detokenize(std::span<const int32_t> ids) const override { return tokenizer_.decode(ids); }
   std::vector<int32_t> stop_token_ids() const override { return stop_ids_; }
   int32_t vocab_size() const override { return vocab_size_; }
+  size_t max_token_bytes() const override { return max_token_bytes_; }
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
   ToolMarkup tool_markup() const { return markup_; }
@@ -51,6 +52,7 @@ class ModelPromptBuilder final : public PromptBuilder {
   chat::ChatTemplate template_;
   std::vector<int32_t> stop_ids_;
   int32_t vocab_size_ = 0;
+  size_t max_token_bytes_ = 0;
   ToolMarkup markup_ = ToolMarkup::kNone;
 };
 

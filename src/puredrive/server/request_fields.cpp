@@ -70,6 +70,10 @@ std::optional<ApiError> parse_json_object(std::string_view body, RequestJson* ou
     return invalid_request(fmt::format(
         "We could not parse the JSON body of your request: syntax error at byte {}. Send valid JSON.",
         e.byte));
+  } catch (const RequestJson::exception& e) {
+    // Numbers beyond the double range ("1e400") and the like: still the client's mistake.
+    return invalid_request(fmt::format("We could not parse the JSON body of your request: {}.",
+                                       e.id == 406 ? "a number is out of range" : "invalid JSON"));
   }
   if (!out->is_object()) {
     return invalid_request(
@@ -213,12 +217,13 @@ bool read_logit_bias(FieldReader& f, int32_t vocab_size, SamplingOptions* s) {
       used = 0;
     }
     if (used != key.size() || key.empty() || id < 0 || id >= vocab_size) {
-      return f.value_error("logit_bias",
-                           fmt::format("key '{}' is not a token id between 0 and {}.", key, vocab_size - 1));
+      return f.value_error("logit_bias", fmt::format("key '{}' is not a token id between 0 and {}.",
+                                                     echo(key), vocab_size - 1));
     }
     if (!bias.is_number() || !(bias.get<double>() >= -100.0 && bias.get<double>() <= 100.0)) {
-      return f.value_error("logit_bias",
-                           fmt::format("the bias of token {} must be a number between -100 and 100.", key));
+      return f.value_error(
+          "logit_bias",
+          fmt::format("the bias of token {} must be a number between -100 and 100.", echo(key)));
     }
     s->logit_bias.emplace_back(static_cast<int32_t>(id), bias.get<float>());
   }
@@ -251,7 +256,7 @@ bool read_model(FieldReader& f, const RequestLimits& limits, std::string* out) {
     return f.fail(
         ApiError{.status = 404,
                  .type = "invalid_request_error",
-                 .message = fmt::format("The model '{}' does not exist. This server serves '{}'.", *out,
+                 .message = fmt::format("The model '{}' does not exist. This server serves '{}'.", echo(*out),
                                         limits.model_names.empty() ? "" : limits.model_names[0]),
                  .param = "model",
                  .code = "model_not_found"});

@@ -72,6 +72,13 @@ TEST(ChatRequestParser, RejectsBadInputWithOpenAIErrors) {
       {"lone surrogate", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\\ud800\"}]}", 400,
        nullptr, nullptr, "UTF-8"},
       {"too deep", deep, 400, nullptr, nullptr, "nested more than"},
+      {"number out of range", "{\"model\":\"m\",\"x\":1e400}", 400, nullptr, nullptr, "out of range"},
+      {"negative number out of range", "{\"model\":\"m\",\"temperature\":-1e999}", 400, nullptr, nullptr,
+       "out of range"},
+      {"response_format type not a string", chat_with("response_format", {{"type", 1}}), 400,
+       "response_format.type", "invalid_type", "expected a string"},
+      {"response_format without type", chat_with("response_format", json::object()), 400,
+       "response_format.type", "missing_required_parameter", "Missing required parameter"},
       {"missing model", json{{"messages", json::array({user})}}.dump(), 400, "model",
        "missing_required_parameter", "Missing required parameter: 'model'"},
       {"model wrong type", chat_with("model", 5), 400, "model", "invalid_type", "expected a string"},
@@ -332,6 +339,32 @@ TEST(CompletionRequestParser, RejectsBadInputWithOpenAIErrors) {
     ASSERT_TRUE(err.has_value()) << c.name << " was accepted";
     expect_error_shape(*err, c);
   }
+}
+
+// Client text quoted in errors is cut short (a 20 MB model name is not sent back whole), and what goes to
+// the log cannot start a new line or send terminal sequences.
+TEST(RequestErrors, EchoedInputIsBoundedAndLogsAreEscaped) {
+  const std::string huge(20u << 20, 'a');
+  ChatRequest req;
+  auto err = parse_chat_request(chat_with("model", huge), limits(), &req);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->status, 404);
+  EXPECT_LT(err->to_json().size(), 1000u);
+  EXPECT_NE(err->message.find("(20971520 bytes)"), std::string::npos) << err->message;
+
+  ChatRequest req2;
+  auto role = parse_chat_request(
+      chat_messages(json::array({{{"role", "user\nE 2026 forged"}, {"content", "x"}}})), limits(), &req2);
+  ASSERT_TRUE(role.has_value());
+  const std::string logged = log_safe(role->message);
+  EXPECT_EQ(logged.find('\n'), std::string::npos);
+  EXPECT_NE(logged.find("user\\nE 2026 forged"), std::string::npos) << logged;
+
+  EXPECT_EQ(log_safe("a\x1b[31mb\x7f\xff\xc2\x9b"), "a\\x1b[31mb\\x7f\\xff\\u009b");
+  EXPECT_EQ(log_safe("caf\xc3\xa9 \xe2\x82\xac"), "caf\xc3\xa9 \xe2\x82\xac");  // valid UTF-8 stays
+  // The cut never splits a character: 199 ASCII bytes, then a 2-byte character across the limit.
+  const std::string cut = echo(std::string(199, 'x') + "\xc3\xa9" + std::string(10, 'y'));
+  EXPECT_EQ(cut.substr(0, 203), std::string(199, 'x') + "... ");
 }
 
 TEST(CompletionRequestParser, PromptForms) {

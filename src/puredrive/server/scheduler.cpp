@@ -151,6 +151,7 @@ std::shared_ptr<RequestHandle> Scheduler::submit(GenerationRequest request,
     if (state_->stopping || state_->queue.size() >= state_->max_queue) return nullptr;
     state_->queue.push_back(
         Job{std::move(request), std::move(stop_strings), handle, std::chrono::steady_clock::now()});
+    if (state_->metrics) state_->metrics->on_admitted();
   }
   state_->cv.notify_all();
   return handle;

@@ -25,6 +25,7 @@ class FakePromptBuilder final : public PromptBuilder {
   std::string detokenize(std::span<const int32_t> ids) const override { return decode(ids); }
   std::vector<int32_t> stop_token_ids() const override { return {kImEnd, kEndOfText}; }
   int32_t vocab_size() const override { return kVocabSize; }
+  size_t max_token_bytes() const override { return std::string_view("<|endoftext|>").size(); }
 };
 
 class FakeOutputParser final : public OutputParser {

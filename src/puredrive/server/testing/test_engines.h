@@ -37,6 +37,12 @@ class GatedEngine final : public Engine {
     }
     cv_.notify_all();
   }
+  // While held at the gate, emit an empty output every millisecond: a generation whose events never pause,
+  // as a fast engine's do.
+  void set_chatter(bool on) { chatter_ = on; }
+  // The engine is held at the gate, and whether it saw its request cancelled while held there.
+  bool at_gate() const { return at_gate_.load(); }
+  bool cancel_seen_at_gate() const { return cancel_seen_at_gate_.load(); }
   int started() const { return started_.load(); }
   int cancelled() const { return cancelled_.load(); }
   int finished() const { return finished_.load(); }
@@ -68,8 +74,19 @@ class GatedEngine final : public Engine {
   void wait_at_gate(size_t position, GenerationSink& sink) {
     std::unique_lock l(mu_);
     if (position != gate_at_) return;
-    // Cancellation does not notify the gate: poll it.
-    while (!open_ && !sink.cancelled()) cv_.wait_for(l, std::chrono::milliseconds(5));
+    at_gate_ = !open_;
+    // Cancellation does not notify the gate: poll it. A chattering engine stays until the gate opens.
+    while (!open_ && (chatter_ || !sink.cancelled())) {
+      if (sink.cancelled()) cancel_seen_at_gate_ = true;
+      cv_.wait_for(l, std::chrono::milliseconds(chatter_ ? 1 : 5));
+      if (chatter_) {
+        l.unlock();
+        sink.on_output(GenerationOutput{});
+        l.lock();
+      }
+    }
+    if (sink.cancelled()) cancel_seen_at_gate_ = true;
+    at_gate_ = false;
   }
 
   GenerationResult cancel(GenerationResult r) {
@@ -83,6 +100,7 @@ class GatedEngine final : public Engine {
   std::condition_variable cv_;
   bool open_ = true;
   size_t gate_at_ = 0;
+  std::atomic<bool> chatter_{false}, at_gate_{false}, cancel_seen_at_gate_{false};
   std::atomic<int> started_{0}, cancelled_{0}, finished_{0};
 };
 
