@@ -17,6 +17,10 @@ import pytest
 
 from conftest import BIN, CTX_SIZE, FAKE, Server
 
+# Under AddressSanitizer freed memory waits in its quarantine (256 MB by default) instead of going back to the
+# system, so whether memory returns after a request is checked only in plain builds.
+SANITIZED = os.environ.get("PD_SANITIZED") == "1"
+
 
 def kept_mib(pid, before_kib, limit_mib):
     """RSS above `before_kib` once freed memory shows: the kernel updates a process's RSS counters lazily,
@@ -126,8 +130,9 @@ def test_2gb_chunked_body_is_413_without_memory_growth():
         growth_mib = (rss_kib(s.proc.pid, "VmHWM") - before) / 1024
         assert growth_mib < 100, f"peak RSS grew by {growth_mib:.0f} MiB"
         assert s.get("/health")[0] == 200
-        kept = kept_mib(s.proc.pid, before, 32)
-        assert kept < 32, f"{kept:.0f} MiB kept after the request"
+        if not SANITIZED:
+            kept = kept_mib(s.proc.pid, before, 32)
+            assert kept < 32, f"{kept:.0f} MiB kept after the request"
     finally:
         assert s.stop() == 0
 
@@ -144,8 +149,9 @@ def test_huge_prompt_is_refused_before_tokenizing(server, model):
     # The body itself (29 MB) is held and parsed once; tokenizing it would cost over a gigabyte.
     assert growth_mib < 400, f"peak RSS grew by {growth_mib:.0f} MiB"
     # And the memory goes back once the requests are done.
-    kept = kept_mib(server.proc.pid, before, 24)
-    assert kept < 24, f"{kept:.0f} MiB kept after the requests"
+    if not SANITIZED:
+        kept = kept_mib(server.proc.pid, before, 24)
+        assert kept < 24, f"{kept:.0f} MiB kept after the requests"
 
 
 @pytest.mark.parametrize("fifo", ["config.json", "model.safetensors", "tokenizer.json"])
