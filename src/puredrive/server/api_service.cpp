@@ -51,6 +51,14 @@ Reply ok_json_reply(std::string body) {
   return r;
 }
 
+Reply event_stream_reply(std::function<void(ClientConnection&)> write) {
+  Reply r;
+  r.content_type = "text/event-stream";
+  r.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+  r.stream = std::move(write);
+  return r;
+}
+
 Reply client_gone_reply() {
   Reply r;
   r.status = 499;

@@ -56,6 +56,8 @@ struct Reply {
 };
 
 Reply ok_json_reply(std::string body);
+// A server-sent-events reply (no caching, no proxy buffering) whose body `write` streams.
+Reply event_stream_reply(std::function<void(ClientConnection&)> write);
 // Placeholder reply for a client that left before its response: nothing is delivered, 499 is logged.
 Reply client_gone_reply();
 

@@ -63,10 +63,7 @@ Reply ApiService::stream_chat(Admitted admitted, ChatRequest request, PromptToke
     PromptTokens prompt;
   };
   auto st = std::make_shared<State>(State{std::move(admitted), std::move(request), std::move(prompt_tokens)});
-  Reply reply;
-  reply.content_type = "text/event-stream";
-  reply.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
-  reply.stream = [this, st](ClientConnection& client) {
+  return event_stream_reply([this, st](ClientConnection& client) {
     Admitted& a = st->a;
     const ChatRequest& req = st->req;
     const bool usage = req.common.include_usage;
@@ -108,8 +105,7 @@ Reply ApiService::stream_chat(Admitted admitted, ChatRequest request, PromptToke
     if (usage) w.data(usage_chunk_json(a.meta, "chat.completion.chunk", result->stats));
     w.raw(sse_done());
     log_finished(a, 200, *result, w.failed() ? "client disconnected at the end" : "");
-  };
-  return reply;
+  });
 }
 
 }  // namespace pd::server

@@ -61,10 +61,7 @@ Reply ApiService::stream_completion(Admitted admitted, CompletionRequest request
     std::string echo;
   };
   auto st = std::make_shared<State>(State{std::move(admitted), std::move(request), std::move(echo_text)});
-  Reply reply;
-  reply.content_type = "text/event-stream";
-  reply.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
-  reply.stream = [this, st](ClientConnection& client) {
+  return event_stream_reply([this, st](ClientConnection& client) {
     Admitted& a = st->a;
     const CompletionRequest& req = st->req;
     const bool usage = req.common.include_usage;
@@ -92,8 +89,7 @@ Reply ApiService::stream_completion(Admitted admitted, CompletionRequest request
     if (usage) w.data(usage_chunk_json(a.meta, "text_completion", result->stats));
     w.raw(sse_done());
     log_finished(a, 200, *result, w.failed() ? "client disconnected at the end" : "");
-  };
-  return reply;
+  });
 }
 
 }  // namespace pd::server

@@ -72,10 +72,7 @@ Reply ApiService::stream_messages(Admitted admitted, MessagesRequest request, Pr
     PromptTokens prompt;
   };
   auto st = std::make_shared<State>(State{std::move(admitted), std::move(request), std::move(prompt_tokens)});
-  Reply reply;
-  reply.content_type = "text/event-stream";
-  reply.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
-  reply.stream = [this, st](ClientConnection& client) {
+  return event_stream_reply([this, st](ClientConnection& client) {
     Admitted& a = st->a;
     const MessagesRequest& req = st->req;
     const MessageMeta meta = message_meta(a.meta);
@@ -111,8 +108,7 @@ Reply ApiService::stream_messages(Admitted admitted, MessagesRequest request, Pr
                             result->stop_string, result->stats)));
     w.raw(sse_event(message_stop_event()));
     log_finished(a, 200, *result, w.failed() ? "client disconnected at the end" : "");
-  };
-  return reply;
+  });
 }
 
 }  // namespace pd::server
