@@ -72,6 +72,11 @@ def artifact(page, name):
 
 
 def test_chat_streams_an_answer_with_its_figures_and_replays_it_without_mtp(server, client, model, page):
+    # The request the page will send, through the API first: greedy, so the page must show the same bytes.
+    # (It also warms the server up, so that the page's figures are not those of a first request.)
+    want = client.chat.completions.create(model=model, messages=[{"role": "user", "content": CODE_PROMPT}],
+                                          max_tokens=64, temperature=0,
+                                          extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     page.navigate(server.url + "/", ready="document.body.dataset.state === 'idle'")
     info = json.loads(server.get("/v1/puredrive/info")[1])
     assert page.text("#info-model") == model
@@ -85,10 +90,6 @@ def test_chat_streams_an_answer_with_its_figures_and_replays_it_without_mtp(serv
     page.wait_for("document.body.dataset.state === 'done' && document.body.dataset.stats === '1'", TIMEOUT)
     assert int(page.eval("document.querySelector('.msg.assistant').dataset.chunks")) > 2
 
-    # The same request through the API: greedy, so the same bytes.
-    want = client.chat.completions.create(model=model, messages=[{"role": "user", "content": CODE_PROMPT}],
-                                          max_tokens=64, temperature=0,
-                                          extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert page.text(".msg.assistant .content") == want.choices[0].message.content
     assert page.text(".msg.assistant .note") == f"finish: {want.choices[0].finish_reason}"
     assert page.text("#stat-tokens") == f"{want.usage.prompt_tokens} prompt, {want.usage.completion_tokens} completion"
