@@ -422,6 +422,16 @@ __device__ __forceinline__ void prefetch_row_l2(const DevMatrix& m, const void* 
   }
 }
 
+// Resident blocks of a kernel on the device (the persistent grid).
+template <typename K>
+inline unsigned resident_blocks(K kernel) {
+  int dev = 0, sms = 132, per = 1;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, kBlock, 0);
+  return static_cast<unsigned>(sms * (per > 0 ? per : 1));
+}
+
 inline unsigned grid_for(int64_t n, int block) {
   return static_cast<unsigned>((n + block - 1) / block);
 }
