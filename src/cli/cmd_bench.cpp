@@ -532,12 +532,7 @@ void setup_bench(CLI::App& app) {
          "--accept-mean", args->accept_mean,
          "--synth --mtp-draft: tokens per cycle of a deterministic pattern (default 2.3, at most k + 1)")
       ->check(CLI::Range(1.0, 16.0));
-  cmd->add_option("--mtp-draft-vocab", args->mtp_draft_vocab,
-                  "The MTP head's lm_head over token ids [0, N) only (docs/DESIGN.md §4.8; 0: all)")
-      ->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("--mtp-window", args->mtp_window,
-                  "The MTP head attends the last W positions only (CPU backend; 0: all)")
-      ->check(CLI::Range(0, 1 << 24));
+  add_draft_options(cmd, &args->mtp_draft_vocab, &args->mtp_window);
   cmd->add_option("--ctx-size", args->ctx_size,
                   "--model: the session's context (0: the model's, or the largest that fits)");
   cmd->add_option("--prompt-root", args->prompt_root,
