@@ -417,10 +417,14 @@ class CudaBackend final : public Backend {
     if (step_depth_++ > 0) return Status::ok();
     uploader_->release();  // weights are bound before the first step: free the upload threads and buffers
     // Staging is reused by every step: the previous step's copies must have read it.
-    if (step_recorded_ && cudaEventQuery(step_done_) != cudaSuccess) {
-      cudaGetLastError();  // cudaErrorNotReady is not an error
+    const cudaError_t done = step_recorded_ ? cudaEventQuery(step_done_) : cudaSuccess;
+    if (done == cudaErrorNotReady) {
+      // Not an error: keep it from looking like a failed launch to the next cudaGetLastError().
+      if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
       ++stats_.host_waits;
       PD_CUDA_TRY(cudaEventSynchronize(step_done_));
+    } else if (done != cudaSuccess) {
+      return cuda_error(done, "cudaEventQuery");
     }
     if (graph_timed_) {
       float ms = 0;
