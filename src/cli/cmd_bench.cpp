@@ -18,6 +18,7 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -169,9 +170,10 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   Backend& be = m.backend();
   const int V = sm.config.vocab_size;
   const int verify_tokens = (a.verify_iters + 2) * 2;
-  SequenceState st = check(m.new_state({.ctx_size = context + a.tokens + verify_tokens + a.profile_steps + 16,
-                                        .kv_dtype = DType::kBF16,
-                                        .max_rows = std::max(8, a.verify_rows)}));
+  SequenceState st = check(
+      m.new_state({.ctx_size = context + a.tokens + verify_tokens + a.profile_steps + a.profile_rows + 16,
+                   .kv_dtype = DType::kBF16,
+                   .max_rows = std::max(8, a.verify_rows)}));
   Buffer ids = check(be.alloc(DType::kI32, std::max(8, a.prefill_chunk), 1));
   const std::vector<int32_t> prompt = synth_tokens(sm.seed + static_cast<uint64_t>(context), V, context);
 
@@ -291,11 +293,14 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     set_cuda_op_profiling(be, true);
     for (int i = 0; i < a.profile_steps; ++i) {
       // The last profiled step is marked for kernel-level profilers (bench/device/run.sh runs ncu on it).
+      // With --profile-rows R > 1 that step is an R-row verify step, left out of the op profile.
       const bool marked = i + 1 == a.profile_steps;
+      const int rows = marked ? a.profile_rows : 1;
+      if (marked && rows > 1) set_cuda_op_profiling(be, false);
       if (marked) cuda_range_push("pd_decode_step");
-      std::vector<int32_t> pos = {st.length()};
-      Expected<StepOutput> o =
-          m.forward(st, std::span(&tok, 1), pos, {.logits = LogitRows::kLast, .tap = {}});
+      std::vector<int32_t> pos(rows), toks(rows, tok);
+      std::iota(pos.begin(), pos.end(), st.length());
+      Expected<StepOutput> o = m.forward(st, toks, pos, {.logits = LogitRows::kLast, .tap = {}});
       if (!o) fail(o.status());
       check(be.argmax({.x = o->logits, .out = ids.row_slice(0, 1)}));
       if (marked) {
@@ -505,6 +510,9 @@ void setup_bench(CLI::App& app) {
   cmd->add_option("--profile-steps", args->profile_steps,
                   "Eager one-row steps timed op by op (CUDA, --synth)")
       ->check(CLI::Range(0, 64));
+  cmd->add_option("--profile-rows", args->profile_rows,
+                  "Rows of the last profiled step, the one marked for ncu (CUDA, --synth)")
+      ->check(CLI::Range(1, 8));
   cmd->add_option("--fill", args->fill,
                   "How a cell's context is filled: real (prefill), synthetic (random KV and GDN state), auto "
                   "(synthetic above 64K tokens)")
