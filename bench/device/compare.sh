@@ -7,7 +7,9 @@
 # Environment: PD_QUANTS (default "bf16 q8 q6"), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2),
 # PD_TOKENS (default 256), PD_TEST_S (seconds per test binary, default 200), PD_NCU_QUANTS (candidate only, default none) with PD_NCU_ROWS (rows of the profiled step, default 1) and
 # PD_NCU_DETAIL (kernel-name regex for full ncu sections), PD_SKIP_TESTS=1, PD_SKIP_CHECK=1, PD_CAND_LONG (contexts
-# for one more candidate-only bf16 bench, --fill auto: synthetic above 64K, e.g. 32k,128k,256k; default none).
+# for one more candidate-only bf16 bench, --fill auto: synthetic above 64K, e.g. 32k,128k,256k; default none),
+# PD_MTP_DRAFT (default 2; 0: none: MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle,
+# default 2.3, in every cell of the bundles whose bench has --accept-mean).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -38,7 +40,7 @@ with() {  # bundle command...
   LD_LIBRARY_PATH=$root/build/$b/lib "$@"
 }
 if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
-  for t in ${PD_TESTS:-cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests}; do
+  for t in ${PD_TESTS:-cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests cuda_generator_tests}; do
     [ -x build/cand/bin/$t ] || continue
     with cand timeout "${PD_TEST_S:-200}" build/cand/bin/$t >"$det/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
@@ -60,8 +62,12 @@ for q in ${PD_QUANTS:-bf16 q8 q6}; do
   for round in $(seq "${PD_ROUNDS:-2}"); do
     for b in base cand; do
       j=$det/bench_${b}_${q}_$round.json
+      mtp=()
+      if [ "${PD_MTP_DRAFT:-2}" != 0 ] && with $b build/$b/bin/puredrive_device bench --help 2>/dev/null | grep -q accept-mean; then
+        mtp=(--mtp-draft "${PD_MTP_DRAFT:-2}" --accept-mean "${PD_ACCEPT_MEAN:-2.3}")
+      fi
       with $b timeout 150 build/$b/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
-        --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 --json "$j" \
+        --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 ${mtp[@]+"${mtp[@]}"} --json "$j" \
         --commit "$(awk '/^commit/ {print $2}' build/$b/build_info.txt)" --note "$(sed -n 2p build/$b/build_info.txt)" \
         >"$det/bench_${b}_${q}_$round.log" 2>&1
       python3 - "$j" "$b" "$round" <<'PY' | tee -a "$out/summary.txt"
@@ -78,6 +84,13 @@ for c in j["cells"]:
           f"({100*c['fraction_of_floor']:4.1f}% of {c['floor_tokens_per_second']:.0f}), step {c['step_ms_median']:.3f} ms, "
           f"R={v['rows']}/R=1 {v['ratio']:.2f}{fr}, nodes {g.get('nodes_in_decode_graph','-')}, prefill {c.get('prefill_tokens_per_second') or 0:.0f} tok/s, "
           f"row-exact {j.get('row_exact_check',{}).get('pass')}")
+    m = c.get("mtp_cycle")
+    if m:
+        print(f"     MTP K={m['draft_tokens']} {m['tokens_per_cycle']:.2f} tok/cycle: cycle {m['cycle_ms']:.3f} ms = "
+              f"{m['cycle_over_plain_step']:.2f}x plain step {m['plain_step_ms']:.3f} ms, {m['effective_tokens_per_second']:.1f} tok/s "
+              f"= {m['speedup_over_plain']:.2f}x plain, {100*m['fraction_of_floor']:.1f}% of the cycle floor, "
+              f"host waits/cycle {(m.get('cuda_graphs') or {}).get('host_waits_per_cycle', '-')}, "
+              f"identity {'ok' if m['output_equals_plain'] and m['acceptance_as_scripted'] else 'FAIL'}")
 PY
     done
   done

@@ -34,11 +34,17 @@ struct BenchArgs {
   std::string backend = "cuda";
   int threads = 0;
   std::string json_out;
+  std::string markdown_out;  // --synth: a short Markdown summary of the record
   std::string commit;
   std::string note;
+  // --model: the draft length of the MTP modes; --synth: 0 (no MTP cycles) unless given (bench_mtp.h).
+  int mtp_draft = 2;
+  std::string accept_pattern;  // --synth: accepted drafts per cycle, cycled
+  double accept_mean = 0;      // --synth: tokens per cycle of a deterministic pattern (0: 2.3, at most k + 1)
+  int mtp_draft_vocab = 0;     // ModelOptions::mtp_draft_vocab
+  int mtp_window = 0;          // ModelOptions::mtp_window
   // --model only.
   std::string modes = "greedy,greedy-mtp,sample,sample-mtp";
-  int mtp_draft = 2;
   int ctx_size = 0;
   std::string prompt_root = ".";
   bool read_weights = false;

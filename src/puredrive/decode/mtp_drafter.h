@@ -6,7 +6,8 @@
 // pending row (x_n, h_{n-1}, n-1) is exactly the row that predicts d_1. d_2..d_k chain on the head's own
 // output (token d_{j-1}, the previous post-mtp.norm hidden, position n+j-2). The chained rows write
 // speculative KV entries at positions n..n+k-2; the next cycle's observe() overwrites them with the
-// committed rows.
+// committed rows. The drafts are drawn on the device and stay there (DeviceSampler::queue_draft): the chained
+// steps and the verify step read them from the sampler's drafts, so drafting never waits for the host.
 #pragma once
 
 #include <vector>
@@ -25,6 +26,9 @@ class MtpDrafter : public Drafter {
                  const Tensor& hidden) override;
   bool can_draft(int64_t position) const override;
   Status draft(SequenceState& state, const DraftContext& ctx, DraftBlock* out) override;
+  // Continues a sequence whose head cache already holds positions [0, position) (a synthetic fill, `bench`):
+  // the next observe() starts at `position`.
+  Status resume(int position);
 
  private:
   MtpDrafter(Model& model, Buffer pending_hidden)
