@@ -4,12 +4,15 @@
 # does not depend on the machine's state that day; plus the candidate's CUDA tests and `check` on the
 # fixtures when its bundle has them. Usage (device tool):
 #   run(command="bash bench/device/compare.sh", carry=["build/device-bundle.tar.xz", "build/base-bundle.tar.xz"])
-# Environment: PD_QUANTS (default "bf16 q8 q6"), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2),
-# PD_TOKENS (default 256), PD_TEST_S (seconds per test binary, default 200), PD_NCU_QUANTS (candidate only, default none) with PD_NCU_ROWS (rows of the profiled step, default 1) and
-# PD_NCU_DETAIL (kernel-name regex for full ncu sections), PD_SKIP_TESTS=1, PD_SKIP_CHECK=1, PD_CAND_LONG (contexts
-# for one more candidate-only bf16 bench, --fill auto: synthetic above 64K, e.g. 32k,128k,256k; default none),
-# PD_MTP_DRAFT (default 2; 0: none: MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle,
-# default 2.3, in every cell of the bundles whose bench has --accept-mean).
+# Environment: PD_QUANTS (default "bf16 q8 q6"), PD_BASE_QUANTS (the formats the baseline is measured in
+# too, default PD_QUANTS), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2), PD_TOKENS (default 256),
+# PD_TESTS (test binaries), PD_TEST_S (seconds per test binary, default 200), PD_SKIP_TESTS=1,
+# PD_SKIP_CHECK=1, PD_CHECK_S (seconds per `check`, default 60), PD_NCU_QUANTS (candidate only, default
+# none) with PD_NCU_ROWS (rows of the profiled step, default 1) and PD_NCU_DETAIL (kernel-name regex for
+# full ncu sections), PD_CAND_LONG (contexts for one more candidate-only bf16 bench, --fill auto: synthetic
+# above 64K, e.g. 32k,128k,256k; default none), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
+# MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle, default 2.3, in every cell of the
+# bundles whose bench has --accept-mean).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -61,6 +64,8 @@ fi
 for q in ${PD_QUANTS:-bf16 q8 q6}; do
   for round in $(seq "${PD_ROUNDS:-2}"); do
     for b in base cand; do
+      # PD_BASE_QUANTS: the formats the baseline is measured in too (default all of PD_QUANTS).
+      if [ $b = base ] && [ -n "${PD_BASE_QUANTS+x}" ] && ! [[ " $PD_BASE_QUANTS " == *" $q "* ]]; then continue; fi
       j=$det/bench_${b}_${q}_$round.json
       mtp=()
       if [ "${PD_MTP_DRAFT:-2}" != 0 ] && with $b build/$b/bin/puredrive_device bench --help 2>/dev/null | grep -q accept-mean; then
