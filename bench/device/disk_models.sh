@@ -93,8 +93,9 @@ disk_models() {
       row "api_bench $q" "SKIPPED (no openai client: PD_WITH_API=1 bench/device/prepare.sh)"
     fi
     if [ "${PD_DISK_PREFIX_REPLAY:-0}" = 1 ] && [ -f bench/agent_replay.py ]; then
-      run_phase "agent replay (prefix cache) $q" "$secs" env PYTHONPATH="$pypath" python3 bench/agent_replay.py \
-        --bin "$full" --model "$dir" --json "$out/replay_$q.json"
+      run_phase "agent replay (prefix cache) $q" "$secs" python3 bench/agent_replay.py --bin "$full" \
+        --model "$dir" --serve-args "--backend cuda" --max-ttft-ratio 0.1 --check --out "$out/replay_$q.md"
+      tail -16 "$out/replay_$q.md" 2>/dev/null | sed 's/^/  /' >>"$summary"
     fi
     run_phase "bench --synth $q (same weights)" "$secs" "$bin/puredrive_device" bench --synth "$arch" --quant "${q#conv-}" \
       --contexts "$ctxs" --tokens "$ntok" --prefill-chunk 64 --json "$out/bench_synth_$q.json" --commit "$commit" \
