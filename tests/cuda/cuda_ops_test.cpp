@@ -400,6 +400,9 @@ TEST_F(CudaOps, StepCaptureMatchesEager) {
     out.insert(out.end(), ids.begin(), ids.end());  // ids compared as bits too
     return out;
   };
+  // A recorded step during which the upload staging or a scratch buffer grows runs eagerly (a graph would
+  // keep the old address): one recorded step first, so that every recorded step below replays a graph.
+  step(test::random_vector(rng_, static_cast<size_t>(R * K)), true, false);
   const CudaStepStats before = cuda_step_stats(*gpu_).value();
   for (int i = 0; i < 4; ++i) {
     const std::vector<float> host = test::random_vector(rng_, static_cast<size_t>(R * K));
@@ -409,7 +412,7 @@ TEST_F(CudaOps, StepCaptureMatchesEager) {
   }
   const CudaStepStats after = cuda_step_stats(*gpu_).value();
   if (std::getenv("PD_CUDA_GRAPHS") == nullptr) {
-    EXPECT_EQ(after.graphs_captured - before.graphs_captured, 1);
+    EXPECT_LE(after.graphs_captured - before.graphs_captured, 1);  // 0 when the warm-up step captured it
     EXPECT_EQ(after.graph_replays - before.graph_replays, 4);
     EXPECT_GE(after.eager_steps - before.eager_steps, 4);
   }

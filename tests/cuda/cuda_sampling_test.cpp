@@ -140,7 +140,9 @@ TEST(CudaSample, StepCaptureReplaysWithNewControl) {
   std::printf("graphs captured %ld, replays %ld, eager steps %ld\n",
               static_cast<long>(stats->graphs_captured), static_cast<long>(stats->graph_replays),
               static_cast<long>(stats->eager_steps));
-  EXPECT_EQ(stats->eager_steps, 0);
+  // Only the first recorded step may run eagerly: it grows the upload staging (a graph would keep the old
+  // address).
+  EXPECT_LE(stats->eager_steps, 1);
 }
 
 }  // namespace

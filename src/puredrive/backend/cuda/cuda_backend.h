@@ -28,7 +28,7 @@ struct CudaDeviceInfo {
 struct CudaStepStats {
   int64_t graphs_captured = 0;
   int64_t graph_replays = 0;
-  int64_t eager_steps = 0;       // steps run without a graph (graphs off, or a download inside the step)
+  int64_t eager_steps = 0;  // steps run without a graph (graphs off, a download inside, or a buffer grew)
   int64_t last_graph_nodes = 0;  // kernel/memcpy nodes of the most recently captured graph
   int64_t cached_graphs = 0;
   // Where a recorded step's time goes: host time from begin_step() to end_step() (the model's op calls,
