@@ -21,6 +21,8 @@ class MtpDrafter : public Drafter {
   static Expected<std::unique_ptr<MtpDrafter>> create(Model& model);
 
   void reset() override;
+  void resume(int position) override;
+  Status commit(SequenceState& state) override;
   Status observe(SequenceState& state, int first, std::span<const int32_t> next_tokens,
                  const Tensor& hidden) override;
   bool can_draft(int64_t position) const override;
@@ -29,8 +31,9 @@ class MtpDrafter : public Drafter {
  private:
   MtpDrafter(Model& model, Buffer pending_hidden)
       : model_(model), pending_hidden_(std::move(pending_hidden)) {}
-  // Runs the pending rows through the head; returns the step output (logits of the last row when asked).
-  Expected<StepOutput> flush(SequenceState& state, LogitRows logits);
+  // Runs the pending rows through the head, or all but the last (keep_last, at least 2 pending); returns the
+  // step output (logits of the last row run when asked).
+  Expected<StepOutput> flush(SequenceState& state, LogitRows logits, bool keep_last = false);
 
   Model& model_;
   Buffer pending_hidden_;  // F32 [max_rows, H]: hidden states of the pending rows
