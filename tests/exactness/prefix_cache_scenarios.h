@@ -85,9 +85,9 @@ inline CacheRun exact_run(Generator& g, const CacheRequest& c) {
   EXPECT_EQ(hit.cycle_accepted, cold.cycle_accepted) << "MTP acceptance with " << hit.cached << " cached";
   EXPECT_EQ(hit.state.size(), cold.state.size());
   for (size_t t = 0; t < hit.state.size() && t < cold.state.size(); ++t) {
-    EXPECT_TRUE(hit.state[t] == cold.state[t]) << "state tensor " << t << " (per layer K, V or conv, "
-                                               << "recurrent; then the MTP head's K, V) after a hit of "
-                                               << hit.cached;
+    EXPECT_TRUE(hit.state[t] == cold.state[t])
+        << "state tensor " << t << " (per layer K, V or conv, "
+        << "recurrent; then the MTP head's K, V) after a hit of " << hit.cached;
   }
   const Status ok = g.prefix_cache()->check();
   EXPECT_TRUE(ok.is_ok()) << ok.to_string();
@@ -156,6 +156,44 @@ inline std::vector<int> branch_scenario(Generator& g, uint64_t seed) {
 
 inline const std::vector<int>& branch_scenario_expected() {
   static const std::vector<int> v = {0, 256, 256, 256, 256, 0, 64, 256, 192};
+  return v;
+}
+
+// Budgets of a device tier that holds one 300-token prompt (4 blocks, snapshots at 128 and 256) and a host
+// tier that holds two.
+inline PrefixCacheOptions eviction_budgets(const PrefixCache& probe) {
+  const int64_t b = probe.block_bytes(), s = probe.snapshot_bytes();
+  return {.device_budget = 4 * b + 2 * s, .host_budget = 8 * b + 4 * s, .mtp = false};
+}
+
+// Six 300-token prompts through the budgets of eviction_budgets(): the newest prompt stays on the device, the
+// two before it move to host memory and still resume exactly, older ones are gone. Returns the cached counts
+// of the prompts sent again (5, 4, 3, 0).
+inline std::vector<int> eviction_scenario(Generator& g, uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(random_tokens(g.vocab_size(), 300, rng));
+    EXPECT_EQ(expect_exact_hit(g, {.prompt = prompts.back(), .sampling = greedy_params()}), 0);
+  }
+  const PrefixCacheStats& s = g.prefix_cache()->stats();
+  EXPECT_GT(s.demotions, 0);
+  EXPECT_GT(s.evictions, 0);
+  EXPECT_GT(s.host_bytes, 0);
+  std::vector<int> cached;
+  const int64_t demoted = s.demotions;
+  for (const int i : {5, 4, 3, 0}) {
+    cached.push_back(
+        expect_exact_hit(g, {.prompt = prompts[static_cast<size_t>(i)], .sampling = greedy_params()}));
+    if (i == 3) {
+      EXPECT_EQ(s.demotions, demoted) << "restoring moves nothing";
+    }
+  }
+  return cached;
+}
+
+inline const std::vector<int>& eviction_scenario_expected() {
+  static const std::vector<int> v = {256, 256, 256, 0};  // device, host, host, evicted
   return v;
 }
 

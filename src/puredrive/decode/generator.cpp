@@ -194,7 +194,9 @@ class Generator::Run {
       PD_ASSIGN_OR_RETURN(
           StepOutput out,
           g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}, .prefill = true}));
-      if (observer_) PD_TRY(observer_->observe(st, begin, prompt.subspan(static_cast<size_t>(begin) + 1, rows), out.hidden));
+      if (observer_)
+        PD_TRY(
+            observer_->observe(st, begin, prompt.subspan(static_cast<size_t>(begin) + 1, rows), out.hidden));
       if (cache_ && end % kPrefixBlock == 0) {
         if (observer_) PD_TRY(observer_->commit(st));
         PD_TRY(cache_->store(st, prompt, end, out.hidden.row_slice(rows - 1, 1)));
@@ -362,7 +364,7 @@ class Generator::Run {
   Rng draft_rng_;
   Rng accept_rng_;
   Verifier verifier_;
-  Drafter* drafter_;  // may be null: plain decoding only
+  Drafter* drafter_;    // may be null: plain decoding only
   PrefixCache* cache_;  // may be null: no prefix cache for this request
   Drafter* observer_;   // observes the prompt: drafter_, or the MTP drafter for the cache's blocks
   SamplingParams draft_params_;
@@ -415,8 +417,9 @@ Status Generator::enable_prefix_cache(PrefixCacheOptions options) {
                       kPrefixBlock, model_.max_rows());
   }
   options.mtp = mtp_drafter_;
-  PD_ASSIGN_OR_RETURN(prefix_cache_, PrefixCache::create(model_.backend(), model_.cache_spec(), options_.kv_dtype,
-                                                        model_.config().hidden_size, options));
+  PD_ASSIGN_OR_RETURN(prefix_cache_,
+                      PrefixCache::create(model_.backend(), model_.cache_spec(), options_.kv_dtype,
+                                          model_.config().hidden_size, options));
   return Status::ok();
 }
 

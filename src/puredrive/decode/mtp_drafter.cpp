@@ -68,11 +68,12 @@ Expected<StepOutput> MtpDrafter::flush(SequenceState& state, LogitRows logits, b
   std::iota(positions.begin(), positions.end(), pending_first_);
   // Entries after the first pending row are stale drafts of an earlier cycle (or another sequence).
   state.truncate_mtp(pending_first_);
-  PD_ASSIGN_OR_RETURN(StepOutput out, model_.mtp_forward(state, std::span(pending_tokens_).first(n), positions,
-                                                         pending_hidden_.row_slice(0, n),
-                                                         {.logits = logits, .tap = {}}));
+  PD_ASSIGN_OR_RETURN(StepOutput out,
+                      model_.mtp_forward(state, std::span(pending_tokens_).first(n), positions,
+                                         pending_hidden_.row_slice(0, n), {.logits = logits, .tap = {}}));
   // The row kept moves to the front (a row does not depend on the step it runs in: row-exact).
-  if (keep_last) PD_TRY(model_.backend().copy(pending_hidden_.row_slice(0, 1), pending_hidden_.row_slice(n, 1)));
+  if (keep_last)
+    PD_TRY(model_.backend().copy(pending_hidden_.row_slice(0, 1), pending_hidden_.row_slice(n, 1)));
   pending_tokens_.erase(pending_tokens_.begin(), pending_tokens_.begin() + n);
   pending_first_ += n;
   return out;

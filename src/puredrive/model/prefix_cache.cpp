@@ -149,8 +149,8 @@ Status PrefixCache::store(const SequenceState& state, std::span<const int32_t> t
                           const Tensor& hidden) {
   if (end <= 0 || end % kB != 0 || end != state.length() || static_cast<int>(tokens.size()) < end) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "prefix cache: store of {} tokens (a multiple of {}) from a state of {} and {} tokens", end,
-                      kB, state.length(), tokens.size());
+                      "prefix cache: store of {} tokens (a multiple of {}) from a state of {} and {} tokens",
+                      end, kB, state.length(), tokens.size());
   }
   if (options_.mtp) {
     if (state.mtp_length() < end - 1) {
@@ -295,7 +295,8 @@ bool PrefixCache::make_room(Tier tier, int64_t bytes) {
 }
 
 Status PrefixCache::demote(Payload& p) {
-  auto host = std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[static_cast<size_t>(std::max<int64_t>(p.bytes, 1))]);
+  auto host = std::unique_ptr<uint8_t[]>(new (std::nothrow)
+                                             uint8_t[static_cast<size_t>(std::max<int64_t>(p.bytes, 1))]);
   if (!host) return make_error(ErrorCode::kOutOfMemory, "prefix cache: no host memory for {} bytes", p.bytes);
   if (p.bytes > 0) PD_TRY(backend_.download(host.get(), p.device.tensor()));
   lru_[kDevice].erase({p.tick, &p});
@@ -359,8 +360,8 @@ void PrefixCache::prune(Block* b) {
   }
 }
 
-// A path's payloads are used together: the snapshot becomes older than the rows it needs, and each block older
-// than its parent, so eviction takes a chain from its end and a shared prefix last.
+// A path's payloads are used together: the snapshot becomes older than the rows it needs, and each block
+// older than its parent, so eviction takes a chain from its end and a shared prefix last.
 void PrefixCache::touch(std::span<Block* const> path, Payload* snapshot) {
   if (snapshot != nullptr) set_tick(*snapshot);
   for (auto it = path.rbegin(); it != path.rend(); ++it) set_tick((*it)->kv);

@@ -69,8 +69,9 @@ struct PrefixMatch {
 class PrefixCache {
  public:
   // spec and kv_dtype are the generator's state; hidden_size the model's H (the MTP hidden rows).
-  static Expected<std::unique_ptr<PrefixCache>> create(Backend& backend, const CacheSpec& spec, DType kv_dtype,
-                                                       int hidden_size, const PrefixCacheOptions& options);
+  static Expected<std::unique_ptr<PrefixCache>> create(Backend& backend, const CacheSpec& spec,
+                                                       DType kv_dtype, int hidden_size,
+                                                       const PrefixCacheOptions& options);
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
@@ -90,8 +91,8 @@ class PrefixCache {
 
   // Stores what the cache lacks of tokens [0, end) from `state`, just prefilled to exactly `end` (a multiple
   // of kPrefixBlock): the missing blocks and a snapshot at `end` with `hidden` (F32 [1, H], the final-norm
-  // hidden of position end - 1; needed with mtp, when the head's cache must hold rows [0, end - 1)). What does
-  // not fit in the budgets is left out; every prefix stored ends in a snapshot.
+  // hidden of position end - 1; needed with mtp, when the head's cache must hold rows [0, end - 1)). What
+  // does not fit in the budgets is left out; every prefix stored ends in a snapshot.
   Status store(const SequenceState& state, std::span<const int32_t> tokens, int end, const Tensor& hidden);
 
   const PrefixCacheStats& stats() const { return stats_; }
