@@ -38,6 +38,7 @@ import os
 import random
 import re
 import select
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -345,7 +346,7 @@ def main() -> int:
     if bool(args.url) == bool(args.bin and args.model):
         ap.error("give either --bin and --model, or --url")
     requests = transcript(args.turns, args.scale, args.session)
-    command = " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    command = shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     serve_cmds, off, cold = [], None, None
     if args.url:
         serve_cmds.append(args.url)
