@@ -298,10 +298,10 @@ def git_commit() -> str:
         return "unknown"
 
 
-def write_record(path: str, on, off, cold, problems, args, command: str, serve_cmds: list[str]) -> None:
+def write_record(path: str, on, off, cold, problems, args, command: str, serve_cmds: list[str], commit: str) -> None:
     lines = [f"# Prefix cache: {len(on)}-turn agent replay ({datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC})", "",
              f"Command: `{command}`", "",
-             f"Commit: {git_commit()}. Servers: " + "; ".join(f"`{c}`" for c in serve_cmds) + ".", "",
+             f"Commit: {commit}. Servers: " + "; ".join(f"`{c}`" for c in serve_cmds) + ".", "",
              f"Transcript: bench/agent_replay.py, {len(on)} turns (scale {args.scale}), session `{args.session}`, "
              f"{args.max_tokens} completion tokens per turn, " +
              (f"seeded sampling (seed {args.seed}, T {args.temperature})." if args.seed is not None else "greedy."),
@@ -347,6 +347,7 @@ def main() -> int:
         ap.error("give either --bin and --model, or --url")
     requests = transcript(args.turns, args.scale, args.session)
     command = shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    commit = git_commit()  # of the tree the run starts from
     serve_cmds, off, cold = [], None, None
     if args.url:
         serve_cmds.append(args.url)
@@ -375,7 +376,7 @@ def main() -> int:
     for p in problems:
         print("CHECK FAILED:", p, file=sys.stderr)
     if args.out:
-        write_record(args.out, on, off, cold, problems, args, command, serve_cmds)
+        write_record(args.out, on, off, cold, problems, args, command, serve_cmds, commit)
     return 1 if problems and args.check else 0
 
 

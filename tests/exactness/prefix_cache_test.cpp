@@ -13,8 +13,6 @@
 namespace pd {
 namespace {
 
-using exactness::full_or;
-using exactness::skip_in_reduced_run;
 using test::CacheRequest;
 using test::expect_exact_hit;
 
@@ -45,7 +43,10 @@ constexpr PrefixCacheOptions kLarge{.device_budget = int64_t{256} << 20, .host_b
 class PrefixCacheFixtures : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PrefixCacheFixtures, HitsOnBranchesAreExact) {
-  if (skip_in_reduced_run(GetParam())) GTEST_SKIP() << "full-size run only";
+  // The sanitizer run keeps one fixture with an MTP head and one without.
+  if (!exactness::kFullSize && GetParam() != "qwen35-text-f32" && GetParam() != "qwen3next-f32") {
+    GTEST_SKIP() << "full-size run only";
+  }
   std::unique_ptr<CacheFixture> c = open_cached(GetParam(), kLarge);
   const std::vector<int> cached = test::branch_scenario(*c->gen, 5);
   const std::vector<int>& want = test::branch_scenario_expected();
@@ -89,17 +90,17 @@ TEST(PrefixCache, EvictsUnderBudgetsAndResumesFromHostMemory) {
 // than what the conversation stores, the cache evicts and stays within them (check() after every request).
 TEST(PrefixCache, LongReplayResumesEveryTurnWithinBudgets) {
   const std::string fixture = "qwen35-text-f32";
-  std::unique_ptr<CacheFixture> c = open_cached(fixture, budgets(fixture, 6, 1, 20, 2), 2048);
+  std::unique_ptr<CacheFixture> c = open_cached(fixture, budgets(fixture, 4, 1, 20, 1), 2048);
   std::mt19937 rng(9);
   std::vector<int32_t> prompt = test::random_tokens(c->gen->vocab_size(), 200, rng);
   std::vector<int32_t> previous;
-  const int turns = full_or(12, 6);
+  const int turns = 12;
   for (int turn = 0; turn < turns; ++turn) {
     SCOPED_TRACE(fmt::format("turn {} ({} tokens)", turn, prompt.size()));
     const int want =
         previous.empty() ? 0 : (static_cast<int>(previous.size()) - 1) / kPrefixBlock * kPrefixBlock;
     const CacheRequest r{
-        .prompt = prompt, .sampling = test::greedy_params(), .num_draft = 2, .max_tokens = 24};
+        .prompt = prompt, .sampling = test::greedy_params(), .num_draft = 2, .max_tokens = 8};
     const test::CacheRun answer = test::exact_run(*c->gen, r);
     EXPECT_EQ(answer.cached, want);
     previous = prompt;

@@ -194,9 +194,10 @@ class Generator::Run {
       PD_ASSIGN_OR_RETURN(
           StepOutput out,
           g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}, .prefill = true}));
-      if (observer_)
+      if (observer_) {
         PD_TRY(
             observer_->observe(st, begin, prompt.subspan(static_cast<size_t>(begin) + 1, rows), out.hidden));
+      }
       if (cache_ && end % kPrefixBlock == 0) {
         if (observer_) PD_TRY(observer_->commit(st));
         PD_TRY(cache_->store(st, prompt, end, out.hidden.row_slice(rows - 1, 1)));
