@@ -6,9 +6,9 @@
 // pending row (x_n, h_{n-1}, n-1) is exactly the row that predicts d_1. d_2..d_k chain on the head's own
 // output (token d_{j-1}, the previous post-mtp.norm hidden, position n+j-2). The chained rows write
 // speculative KV entries at positions n..n+k-2; the next cycle's observe() overwrites them with the
-// committed rows. A prefix cache copies the head's rows at its snapshot points (commit() runs the pending rows
-// but the last) and puts them back on a hit (resume() at the restored position, then the cached hidden state
-// is observed as the pending row).
+// committed rows. A prefix cache copies the head's rows at its snapshot points (commit() runs the pending
+// rows but the last) and puts them back on a hit (resume() at the restored position, then the cached hidden
+// state is observed as the pending row).
 #pragma once
 
 #include <vector>
