@@ -4,9 +4,15 @@
 # does not depend on the machine's state that day; plus the candidate's CUDA tests and `check` on the
 # fixtures when its bundle has them. Usage (device tool):
 #   run(command="bash bench/device/compare.sh", carry=["build/device-bundle.tar.xz", "build/base-bundle.tar.xz"])
-# Environment: PD_QUANTS (default "bf16 q8 q6"), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2),
-# PD_TOKENS (default 256), PD_TEST_S (seconds per test binary, default 200), PD_NCU_QUANTS (candidate only, default none), PD_SKIP_TESTS=1, PD_CAND_LONG (contexts
-# for one more candidate-only bf16 bench, --fill auto: synthetic above 64K, e.g. 32k,128k,256k; default none).
+# Environment: PD_QUANTS (default "bf16 q8 q6"), PD_BASE_QUANTS (the formats the baseline is measured in
+# too, default PD_QUANTS), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2), PD_TOKENS (default 256),
+# PD_TESTS (test binaries), PD_TEST_S (seconds per test binary, default 200), PD_SKIP_TESTS=1,
+# PD_SKIP_CHECK=1, PD_CHECK_S (seconds per `check`, default 60), PD_NCU_QUANTS (candidate only, default
+# none) with PD_NCU_ROWS (rows of the profiled step, default 1) and PD_NCU_DETAIL (kernel-name regex for
+# full ncu sections), PD_CAND_LONG (contexts for one more candidate-only bf16 bench, --fill auto: synthetic
+# above 64K, e.g. 32k,128k,256k; default none), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
+# MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle, default 2.3, in every cell of the
+# bundles whose bench has --accept-mean).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -37,13 +43,13 @@ with() {  # bundle command...
   LD_LIBRARY_PATH=$root/build/$b/lib "$@"
 }
 if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
-  for t in cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests; do
+  for t in ${PD_TESTS:-cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests cuda_generator_tests}; do
     [ -x build/cand/bin/$t ] || continue
     with cand timeout "${PD_TEST_S:-200}" build/cand/bin/$t >"$det/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
     grep -E '^\[  FAILED  \]' "$det/$t.log" | head -20 | tee -a "$out/summary.txt"
   done
-  if [ -x build/cand/bin/puredrive_check ]; then
+  if [ -x build/cand/bin/puredrive_check ] && [ "${PD_SKIP_CHECK:-0}" != 1 ]; then
     for d in tests/fixtures/*/ models/tiny-coder/; do
       d=${d%/}
       [ -f "$d/config.json" ] || continue
@@ -58,9 +64,15 @@ fi
 for q in ${PD_QUANTS:-bf16 q8 q6}; do
   for round in $(seq "${PD_ROUNDS:-2}"); do
     for b in base cand; do
+      # PD_BASE_QUANTS: the formats the baseline is measured in too (default all of PD_QUANTS).
+      if [ $b = base ] && [ -n "${PD_BASE_QUANTS+x}" ] && ! [[ " $PD_BASE_QUANTS " == *" $q "* ]]; then continue; fi
       j=$det/bench_${b}_${q}_$round.json
+      mtp=()
+      if [ "${PD_MTP_DRAFT:-2}" != 0 ] && with $b build/$b/bin/puredrive_device bench --help 2>/dev/null | grep -q accept-mean; then
+        mtp=(--mtp-draft "${PD_MTP_DRAFT:-2}" --accept-mean "${PD_ACCEPT_MEAN:-2.3}")
+      fi
       with $b timeout 150 build/$b/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
-        --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 --json "$j" \
+        --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 ${mtp[@]+"${mtp[@]}"} --json "$j" \
         --commit "$(awk '/^commit/ {print $2}' build/$b/build_info.txt)" --note "$(sed -n 2p build/$b/build_info.txt)" \
         >"$det/bench_${b}_${q}_$round.log" 2>&1
       python3 - "$j" "$b" "$round" <<'PY' | tee -a "$out/summary.txt"
@@ -77,8 +89,37 @@ for c in j["cells"]:
           f"({100*c['fraction_of_floor']:4.1f}% of {c['floor_tokens_per_second']:.0f}), step {c['step_ms_median']:.3f} ms, "
           f"R={v['rows']}/R=1 {v['ratio']:.2f}{fr}, nodes {g.get('nodes_in_decode_graph','-')}, prefill {c.get('prefill_tokens_per_second') or 0:.0f} tok/s, "
           f"row-exact {j.get('row_exact_check',{}).get('pass')}")
+    m = c.get("mtp_cycle")
+    if m:
+        print(f"     MTP K={m['draft_tokens']} {m['tokens_per_cycle']:.2f} tok/cycle: cycle {m['cycle_ms']:.3f} ms = "
+              f"{m['cycle_over_plain_step']:.2f}x plain step {m['plain_step_ms']:.3f} ms, {m['effective_tokens_per_second']:.1f} tok/s "
+              f"= {m['speedup_over_plain']:.2f}x plain, {100*m['fraction_of_floor']:.1f}% of the cycle floor, "
+              f"host waits/cycle {(m.get('cuda_graphs') or {}).get('host_waits_per_cycle', '-')}, "
+              f"identity {'ok' if m['output_equals_plain'] and m['acceptance_as_scripted'] else 'FAIL'}")
 PY
     done
+  done
+done
+# PD_CAND_VARIANTS="A=1;B=2,C=3": one more candidate bench per variant (';'-separated) with those environment
+# variables set (','-separated), for the quants in PD_VARIANT_QUANTS (default bf16).
+IFS=';' read -ra variants <<<"${PD_CAND_VARIANTS:-}"
+for v in "${variants[@]}"; do
+  for q in ${PD_VARIANT_QUANTS:-bf16}; do
+    IFS=',' read -ra kv <<<"$v"
+    j=$det/bench_var_${q}_$(echo "$v" | tr -c 'A-Za-z0-9' _).json
+    with cand env "${kv[@]}" timeout 150 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
+      --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 --json "$j" >/dev/null 2>&1
+    python3 - "$j" "$v" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"variant {sys.argv[2]}: no record ({e})"); sys.exit()
+for c in j["cells"]:
+    v = c["verify"]
+    print(f"{j['model']['quant']:>4} variant {sys.argv[2]}: {c['decode_tokens_per_second']:7.1f} tok/s, "
+          f"step {c['step_ms_median']:.3f} ms, R={v['rows']}/R=1 {v['ratio']:.2f}, row-exact {j.get('row_exact_check',{}).get('pass')}")
+PY
   done
 done
 if [ -n "${PD_CAND_LONG:-}" ]; then
@@ -90,11 +131,24 @@ if [ -n "${PD_CAND_LONG:-}" ]; then
   tail -8 "$det/bench_cand_long.log" | tee -a "$out/summary.txt"
 fi
 for q in ${PD_NCU_QUANTS:-}; do
+ for nr in ${PD_NCU_ROWS:-1}; do
   ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_decode_step/ \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
-    --log-file "$det/ncu_$q.csv" env LD_LIBRARY_PATH=$root/build/cand/lib build/cand/bin/puredrive_device bench \
-    --synth qwen3.5-35b-a3b --quant "$q" --contexts 2k --tokens 4 --verify-iters 1 --profile-steps 1 >/dev/null 2>&1
-  python3 - "$det/ncu_$q.csv" "$q" <<'PY' | tee -a "$out/summary.txt"
+    --log-file "$det/ncu_${q}_r$nr.csv" env LD_LIBRARY_PATH=$root/build/cand/lib build/cand/bin/puredrive_device bench \
+    --synth qwen3.5-35b-a3b --quant "$q" --contexts 2k --tokens 4 --verify-iters 1 --profile-steps 1 \
+    --profile-rows "$nr" >/dev/null 2>&1
+  # PD_NCU_DETAIL=regex: the full sections (occupancy, stalls, memory) of the first launch of each matching kernel.
+  if [ -n "${PD_NCU_DETAIL:-}" ]; then
+    ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_decode_step/ \
+      --kernel-name "regex:${PD_NCU_DETAIL}" --launch-count "${PD_NCU_DETAIL_N:-6}" \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section SchedulerStats --section ComputeWorkloadAnalysis \
+      --log-file "$det/ncu_detail_${q}_r$nr.txt" env LD_LIBRARY_PATH=$root/build/cand/lib \
+      build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" --contexts 2k --tokens 4 \
+      --verify-iters 1 --profile-steps 1 --profile-rows "$nr" >/dev/null 2>&1
+    cp "$det/ncu_detail_${q}_r$nr.txt" "$out/" 2>/dev/null
+  fi
+  python3 - "$det/ncu_${q}_r$nr.csv" "$q R=$nr" <<'PY' | tee -a "$out/summary.txt"
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows: print("ncu: no data"); sys.exit()
@@ -111,6 +165,7 @@ print(f"ncu {sys.argv[2]}: {sum(x[0] for x in k.values())} kernels, {tt*1e3:.3f}
 for n, (c, t, b) in sorted(k.items(), key=lambda kv: -kv[1][1]):
     print(f"    {n:<34} {c:4d} x {t/c*1e6:6.1f} us = {t*1e3:6.3f} ms  {b/t/1e12 if t else 0:5.2f} TB/s")
 PY
+ done
 done
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$out/summary.txt"
 tar -czf "$out/detail.tar.gz" -C "$out" detail && rm -rf "$det"

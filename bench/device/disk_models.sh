@@ -9,9 +9,40 @@
 # synth_write_Q.json, read_Q.json, bench_model_Q.json, api_Q.json, bench_synth_Q.json, and a comparison in the
 # summary. Needs the full CLI and the openai client in the bundle: PD_WITH_SERVE=1 PD_WITH_API=1
 # bench/device/prepare.sh. PD_DISK_S caps each phase (default 420 s).
+# PD_DISK_CONVERT=RECIPE (issue 18): the bf16 checkpoint written to memory (PD_CONVERT_DIR, default /dev/shm,
+# whose size is raised to PD_CONVERT_SHM_GB, default 110, when it is smaller: 72 GB of bf16 do not fit the
+# disk next to the output), converted by `puredrive quantize --recipe RECIPE` to disk (time and peak memory
+# in convert_RECIPE.txt), the bf16 deleted, and the converted checkpoint measured like the others (label
+# conv-RECIPE). PD_DISK_PREFIX_REPLAY=1: bench/agent_replay.py against each served checkpoint too.
+
+# Writes the bf16 checkpoint to memory and quantizes it into $2 with recipe $1.
+convert_checkpoint() {
+  local recipe=$1 dst=$2 shm=${PD_CONVERT_DIR:-/dev/shm} want=${PD_CONVERT_SHM_GB:-110}
+  local src=$shm/pd-convert-bf16 size_gb
+  size_gb=$(df -Pk "$shm" | awk 'NR == 2 {print int($2 / 1048576)}')
+  if [ "$size_gb" -lt 75 ] && [ "$shm" = /dev/shm ]; then
+    mount -o remount,size="${want}G" /dev/shm 2>>"$log" || note "could not resize /dev/shm"
+    size_gb=$(df -Pk "$shm" | awk 'NR == 2 {print int($2 / 1048576)}')
+  fi
+  if [ "$size_gb" -lt 75 ]; then
+    row "convert bf16 -> $recipe" "SKIPPED ($shm holds ${size_gb} GB, the bf16 checkpoint needs 72)"
+    return 1
+  fi
+  rm -rf "$src"
+  run_phase "synth --write $arch bf16 (memory)" "$secs" sh -c "\"$full\" synth --arch $arch --quant bf16 \
+    --write \"$src\" --tokenizer \"$disk/tokenizer\" --chat-template tests/data/templates/Qwen3.5-4B.jinja \
+    --json -q >\"$out/synth_write_bf16.json\""
+  if [ -f "$src/config.json" ]; then
+    run_phase "quantize bf16 -> $recipe" "$secs" sh -c "\"$full\" quantize --model \"$src\" --out \"$dst\" \
+      --recipe $recipe >\"$out/convert_$recipe.txt\" 2>&1"
+    tail -3 "$out/convert_$recipe.txt" 2>/dev/null | sed 's/^/  /' >>"$summary"
+  fi
+  rm -rf "$src"
+  [ -f "$dst/config.json" ]
+}
 
 disk_models() {
-  [ -n "${PD_DISK_MODELS:-}" ] || return 0
+  [ -n "${PD_DISK_MODELS:-}${PD_DISK_CONVERT:-}" ] || return 0
   local full=$bin/puredrive arch=${PD_DISK_ARCH:-qwen3.5-35b-a3b} disk=${PD_DISK_DIR:-/tmp/pd-disk}
   local secs=${PD_DISK_S:-420} ctxs=${PD_DISK_CONTEXTS:-2k} ntok=${PD_DISK_TOKENS:-512} runs=${PD_DISK_RUNS:-3}
   local commit dirty
@@ -31,20 +62,24 @@ disk_models() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$pypath" \
       "$bundle"/wheels/*.whl >>"$log" 2>&1 || note "installing the openai wheels failed"
   fi
-  for q in $PD_DISK_MODELS; do
+  for q in ${PD_DISK_MODELS:-} ${PD_DISK_CONVERT:+conv-$PD_DISK_CONVERT}; do
     local dir=$disk/$arch-$q
     rm -rf "$dir"
-    local need_gb free_gb
-    case "$q" in bf16) need_gb=72 ;; q8) need_gb=39 ;; *) need_gb=32 ;; esac
-    [ "$arch" = qwen3.5-35b-a3b ] || need_gb=1
-    free_gb=$(df -Pk "$disk" | awk 'NR == 2 {print int($4 / 1048576)}')
-    if [ "$free_gb" -lt "$need_gb" ]; then
-      row "disk $q" "SKIPPED ($need_gb GB needed, $free_gb GB free in $disk)"
-      continue
+    if [ "${q#conv-}" != "$q" ]; then
+      convert_checkpoint "${q#conv-}" "$dir" || continue
+    else
+      local need_gb free_gb
+      case "$q" in bf16) need_gb=72 ;; q8) need_gb=39 ;; *) need_gb=32 ;; esac
+      [ "$arch" = qwen3.5-35b-a3b ] || need_gb=1
+      free_gb=$(df -Pk "$disk" | awk 'NR == 2 {print int($4 / 1048576)}')
+      if [ "$free_gb" -lt "$need_gb" ]; then
+        row "disk $q" "SKIPPED ($need_gb GB needed, $free_gb GB free in $disk)"
+        continue
+      fi
+      run_phase "synth --write $arch $q" "$secs" sh -c "\"$full\" synth --arch $arch --quant $q --write \"$dir\" \
+        --tokenizer \"$disk/tokenizer\" --chat-template tests/data/templates/Qwen3.5-4B.jinja --json -q \
+        >\"$out/synth_write_$q.json\""
     fi
-    run_phase "synth --write $arch $q" "$secs" sh -c "\"$full\" synth --arch $arch --quant $q --write \"$dir\" \
-      --tokenizer \"$disk/tokenizer\" --chat-template tests/data/templates/Qwen3.5-4B.jinja --json -q \
-      >\"$out/synth_write_$q.json\""
     [ -f "$dir/config.json" ] || continue
     # Twice through the upload's reader: disk (or the page cache the write left), then the page cache.
     run_phase "read weights $q" "$secs" "$full" bench --model "$dir" --read-weights --json "$out/read_$q.json"
@@ -57,7 +92,12 @@ disk_models() {
     else
       row "api_bench $q" "SKIPPED (no openai client: PD_WITH_API=1 bench/device/prepare.sh)"
     fi
-    run_phase "bench --synth $q (same weights)" "$secs" "$bin/puredrive_device" bench --synth "$arch" --quant "$q" \
+    if [ "${PD_DISK_PREFIX_REPLAY:-0}" = 1 ] && [ -f bench/agent_replay.py ]; then
+      run_phase "agent replay (prefix cache) $q" "$secs" python3 bench/agent_replay.py --bin "$full" \
+        --model "$dir" --serve-args "--backend cuda" --max-ttft-ratio 0.1 --check --out "$out/replay_$q.md"
+      tail -16 "$out/replay_$q.md" 2>/dev/null | sed 's/^/  /' >>"$summary"
+    fi
+    run_phase "bench --synth $q (same weights)" "$secs" "$bin/puredrive_device" bench --synth "$arch" --quant "${q#conv-}" \
       --contexts "$ctxs" --tokens "$ntok" --prefill-chunk 64 --json "$out/bench_synth_$q.json" --commit "$commit" \
       --note "$dirty"
     rm -rf "$dir"

@@ -11,7 +11,9 @@
 # step, default 256: the tiled kernels), PD_FILL (bench --fill, default auto: cells above 64K tokens get the
 # synthetic KV / GDN fill, so PD_CONTEXTS=2k,32k,128k,256k costs about 10 s more per long cell than the
 # default; give PD_FIRST_BENCH_S room for them), PD_RACECHECK_S, PD_SKIP_SANITIZER=1, PD_CHECK_S (seconds per
-# `puredrive check`, default 40), PD_SKIP_CHECK=1.
+# `puredrive check`, default 40), PD_SKIP_CHECK=1. PD_MTP_DRAFT (default 2; 0: none): every bench cell also
+# times full MTP cycles of that draft length with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle
+# (default 2.3), PD_MTP_DRAFT_VOCAB (default 0: the whole vocabulary) for the head's lm_head.
 # PD_DISK_MODELS="q8 oq6e": checkpoints written to disk,
 # loaded, benchmarked and served (bench/device/disk_models.sh, its own PD_DISK_* settings), after the rest;
 # PD_DISK_ONLY=1: only those (and the upload test), e.g.
@@ -101,6 +103,7 @@ fi
 run_phase "cuda_ops_tests" 150 "$bin/cuda_ops_tests"
 run_phase "cuda_model_tests" 150 "$bin/cuda_model_tests"
 run_phase "cuda_sampling_tests" 150 "$bin/cuda_sampling_tests"
+[ -x "$bin/cuda_generator_tests" ] && run_phase "cuda_generator_tests" 150 "$bin/cuda_generator_tests"
 [ -x "$bin/cuda_prefix_cache_tests" ] && run_phase "cuda_prefix_cache_tests" 150 "$bin/cuda_prefix_cache_tests"
 
 # Synthetic weights generated on the device equal the host-materialised ones: same greedy tokens on CUDA and CPU.
@@ -119,11 +122,17 @@ commit=$(awk '/^commit/ {print $2}' "$bundle/build_info.txt")
 dirty=$(sed -n 2p "$bundle/build_info.txt")
 contexts=${PD_CONTEXTS:-2k,32k}
 tokens=${PD_TOKENS:-128}
+mtp_args=()
+if [ "${PD_MTP_DRAFT:-2}" != 0 ]; then
+  mtp_args=(--mtp-draft "${PD_MTP_DRAFT:-2}" --accept-mean "${PD_ACCEPT_MEAN:-2.3}"
+    --mtp-draft-vocab "${PD_MTP_DRAFT_VOCAB:-0}")
+fi
 bench() {
   local q=$1 secs=$2 ctx=$3
   run_phase "bench $q $ctx" "$secs" "$bin/puredrive_device" bench --synth qwen3.5-35b-a3b --quant "$q" \
     --contexts "$ctx" --tokens "$tokens" --profile-steps 3 --prefill-chunk "${PD_PREFILL_CHUNK:-256}" \
-    --fill "${PD_FILL:-auto}" --json "$out/bench_$q.json" --commit "$commit" --note "$dirty"
+    --fill "${PD_FILL:-auto}" ${mtp_args[@]+"${mtp_args[@]}"} --json "$out/bench_$q.json" --markdown "$out/bench_$q.md" \
+    --commit "$commit" --note "$dirty"
   [ -f "$out/bench_$q.json" ] && python3 - "$out/bench_$q.json" >>"$summary" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -152,6 +161,17 @@ for c in j["cells"]:
           f"copy bw {bw:.0f} GB/s")
     for t in (c.get("op_profile") or [])[:8]:
         print(f"      {t['op']:<36} {t['ms_per_step']:8.3f} ms/step {100*t['share']:5.1f}%  ({t['calls_per_step']:.0f} calls)")
+    m = c.get("mtp_cycle")
+    if m:
+        sp, g, fl = m["split_ms_per_cycle"], m.get("cuda_graphs") or {}, m["floor"]
+        print(f"    MTP K={m['draft_tokens']} ({m['tokens_per_cycle']:.2f} tok/cycle scripted): cycle {m['cycle_ms']:.3f} ms "
+              f"= {m['cycle_over_plain_step']:.2f}x the plain step {m['plain_step_ms']:.3f} ms; "
+              f"{m['effective_tokens_per_second']:.1f} tok/s = {m['speedup_over_plain']:.2f}x plain {m['plain_tokens_per_second']:.1f}; "
+              f"floor {fl['tokens_per_second']:.1f} tok/s ({100*m['fraction_of_floor']:.1f}%, {fl['bytes_per_cycle']/1e9:.2f} GB/cycle, "
+              f"{fl['experts_per_cycle']:.0f} experts); split draft {sp['draft']:.3f} / verify {sp['verify']:.3f} / sample "
+              f"{sp['sample']:.3f} ms; host waits/cycle {g.get('host_waits_per_cycle', '-')}, graph replays/cycle "
+              f"{g.get('graph_replays_per_cycle', '-')}, eager {g.get('eager_steps_in_timed_cycles', '-')}; "
+              f"identity {'ok' if m['output_equals_plain'] and m['acceptance_as_scripted'] else 'FAIL'}")
 PY
 }
 # Kernel-level profile of one eager decode step (the bench marks it with an NVTX range): device time and

@@ -28,16 +28,23 @@ struct BenchArgs {
   int verify_iters = 16;
   int prefill_chunk = 2048;
   int profile_steps = 0;      // eager one-row steps timed op by op after the timed phases (CUDA)
+  int profile_rows = 1;       // rows of the last profiled step, the one marked for kernel profilers
   int copy_mib = 0;           // 0: 1024 on CUDA, 64 on the CPU
   std::string fill = "real";  // real | synthetic | auto (--synth: synthetic above 64K tokens)
   std::string backend = "cuda";
   int threads = 0;
   std::string json_out;
+  std::string markdown_out;  // --synth: a short Markdown summary of the record
   std::string commit;
   std::string note;
+  // --model: the draft length of the MTP modes; --synth: 0 (no MTP cycles) unless given (bench_mtp.h).
+  int mtp_draft = 2;
+  std::string accept_pattern;  // --synth: accepted drafts per cycle, cycled
+  double accept_mean = 0;      // --synth: tokens per cycle of a deterministic pattern (0: 2.3, at most k + 1)
+  int mtp_draft_vocab = 0;     // ModelOptions::mtp_draft_vocab
+  int mtp_window = 0;          // ModelOptions::mtp_window
   // --model only.
   std::string modes = "greedy,greedy-mtp,sample,sample-mtp";
-  int mtp_draft = 2;
   int ctx_size = 0;
   std::string prompt_root = ".";
   bool read_weights = false;

@@ -9,7 +9,8 @@
 // cell's KV cache and GDN states are filled with random values instead of a prefill (`fill: synthetic`, the
 // deviation §7 allows for random weights; prefill speed then comes from the real-fill cells). Per cell, the
 // decode-attention bytes per step (K and V read at the profiled positions) and their achieved bandwidth over
-// the attention op's device time in the profiled steps (--profile-steps).
+// the attention op's device time in the profiled steps (--profile-steps). With --mtp-draft K each cell also
+// times MTP cycles with a scripted acceptance (bench_mtp.h) from a copy of its filled state.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_common.h"
+#include "cli/bench_mtp.h"
 #include "cli/command.h"
 #include "cli/synth_model.h"
 #include "puredrive/backend/backend.h"
@@ -167,9 +170,10 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   Backend& be = m.backend();
   const int V = sm.config.vocab_size;
   const int verify_tokens = (a.verify_iters + 2) * 2;
-  SequenceState st = check(m.new_state({.ctx_size = context + a.tokens + verify_tokens + a.profile_steps + 16,
-                                        .kv_dtype = DType::kBF16,
-                                        .max_rows = std::max(8, a.verify_rows)}));
+  SequenceState st = check(
+      m.new_state({.ctx_size = context + a.tokens + verify_tokens + a.profile_steps + a.profile_rows + 16,
+                   .kv_dtype = DType::kBF16,
+                   .max_rows = std::max(8, a.verify_rows)}));
   Buffer ids = check(be.alloc(DType::kI32, std::max(8, a.prefill_chunk), 1));
   const std::vector<int32_t> prompt = synth_tokens(sm.seed + static_cast<uint64_t>(context), V, context);
 
@@ -194,6 +198,9 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   }
   check(be.synchronize());
   const double prefill_s = seconds(p0, Clock::now());
+  // MTP cycles from a copy of the filled state, before the plain decode moves it on.
+  nlohmann::json mtp;
+  if (a.mtp_draft > 0) mtp = run_mtp_cell(a, m, sm, st, last.at(0), bandwidth);
 
   // Non-speculative greedy decode: one row per step, each token fed back from the device argmax.
   int32_t tok = last.at(0);
@@ -286,11 +293,14 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     set_cuda_op_profiling(be, true);
     for (int i = 0; i < a.profile_steps; ++i) {
       // The last profiled step is marked for kernel-level profilers (bench/device/run.sh runs ncu on it).
+      // With --profile-rows R > 1 that step is an R-row verify step, left out of the op profile.
       const bool marked = i + 1 == a.profile_steps;
+      const int rows = marked ? a.profile_rows : 1;
+      if (marked && rows > 1) set_cuda_op_profiling(be, false);
       if (marked) cuda_range_push("pd_decode_step");
-      std::vector<int32_t> pos = {st.length()};
-      Expected<StepOutput> o =
-          m.forward(st, std::span(&tok, 1), pos, {.logits = LogitRows::kLast, .tap = {}});
+      std::vector<int32_t> pos(rows), toks(rows, tok);
+      std::iota(pos.begin(), pos.end(), st.length());
+      Expected<StepOutput> o = m.forward(st, toks, pos, {.logits = LogitRows::kLast, .tap = {}});
       if (!o) fail(o.status());
       check(be.argmax({.x = o->logits, .out = ids.row_slice(0, 1)}));
       if (marked) {
@@ -351,6 +361,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
           {"floor_tokens_per_second", floor_tps},
           {"fraction_of_floor", tps / floor_tps},
           {"verify", verify},
+          {"mtp_cycle", mtp},
           {"cuda_graphs", graph},
           {"op_profile", profile},
           {"first_tokens", std::vector<int32_t>(generated.begin(),
@@ -365,6 +376,9 @@ void run_bench(const BenchArgs& a) {
   if (a.synth.empty())
     fail(make_error(ErrorCode::kInvalidArgument, "bench needs --synth ARCH or --model DIR"));
   const std::vector<int> contexts = check(parse_contexts(a.contexts));
+  // The verify step's rows get all logits (max_logit_rows 8 below).
+  if (a.mtp_draft > 7) fail(make_error(ErrorCode::kInvalidArgument, "bench --synth takes --mtp-draft 1..7"));
+  if (a.mtp_draft > 0) (void)check(make_accept_pattern(a, a.mtp_draft));
   // Declared first: the model and the synthetic weights are destroyed before the backend.
   std::unique_ptr<Backend> owner = check(create_backend({.name = a.backend, .threads = a.threads}));
   Backend& be = *owner;
@@ -374,15 +388,19 @@ void run_bench(const BenchArgs& a) {
   const auto b0 = Clock::now();
   std::unique_ptr<SynthModel> sm =
       check(make_synth_model(a.synth, a.quant, a.seed, be.device() == Device::kCpu));
-  std::unique_ptr<Model> model =
-      check(create_model(sm->config, sm->weights, be, {.max_rows = a.prefill_chunk, .max_logit_rows = 8}));
+  std::unique_ptr<Model> model = check(create_model(sm->config, sm->weights, be,
+                                                    {.max_rows = a.prefill_chunk,
+                                                     .max_logit_rows = 8,
+                                                     .mtp_draft_vocab = a.mtp_draft_vocab,
+                                                     .mtp_window = a.mtp_window}));
   check(be.synchronize());
   const double build_s = seconds(b0, Clock::now());
 
   const nlohmann::json device = device_json(be);
-  // Schema 2: per-cell fill and decode_attention; prefill fields are null in synthetic-fill cells.
+  // Schema 2: per-cell fill and decode_attention; prefill fields are null in synthetic-fill cells. Schema 3:
+  // per-cell mtp_cycle (null without --mtp-draft).
   nlohmann::json out = {
-      {"schema", "puredrive-bench/2"},
+      {"schema", "puredrive-bench/3"},
       {"date_utc", utc_now()},
       {"commit", a.commit},
       {"note", a.note},
@@ -404,6 +422,10 @@ void run_bench(const BenchArgs& a) {
                      : a.fill},
         {"prefill_chunk_rows", a.prefill_chunk},
         {"kv_dtype", "bf16"},
+        {"mtp_cycles",
+         a.mtp_draft > 0 ? nlohmann::json(fmt::format("K = {}, acceptance: scripted ({})", a.mtp_draft,
+                                                      check(make_accept_pattern(a, a.mtp_draft)).describe()))
+                         : nlohmann::json(nullptr)},
         {"floor",
          "bytes per decode step (active weights + KV at the context + GDN state read and written) / "
          "measured device-to-device copy bandwidth (read + write)"}}},
@@ -435,6 +457,7 @@ void run_bench(const BenchArgs& a) {
   }
   out["complete"] = true;
   write();
+  write_synth_markdown(a.markdown_out, out);
   const nlohmann::json& cells = out["cells"];
   fmt::print("synthetic {} {} on {}, copy bandwidth {:.0f} GB/s\n", a.synth, a.quant, be.name(),
              bandwidth / 1e9);
@@ -458,6 +481,7 @@ void run_bench(const BenchArgs& a) {
                    ? fmt::format("{:.0f}", at["bandwidth_bytes_per_second"].get<double>() / 1e9)
                    : "-");
   }
+  print_mtp_table(out);
 }
 
 void setup_bench(CLI::App& app) {
@@ -486,6 +510,9 @@ void setup_bench(CLI::App& app) {
   cmd->add_option("--profile-steps", args->profile_steps,
                   "Eager one-row steps timed op by op (CUDA, --synth)")
       ->check(CLI::Range(0, 64));
+  cmd->add_option("--profile-rows", args->profile_rows,
+                  "Rows of the last profiled step, the one marked for ncu (CUDA, --synth)")
+      ->check(CLI::Range(1, 8));
   cmd->add_option("--fill", args->fill,
                   "How a cell's context is filled: real (prefill), synthetic (random KV and GDN state), auto "
                   "(synthetic above 64K tokens)")
@@ -496,14 +523,24 @@ void setup_bench(CLI::App& app) {
                       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--json", args->json_out, "Write the full record as JSON to this file");
+  cmd->add_option("--markdown", args->markdown_out, "--synth: write a short Markdown summary to this file");
   cmd->add_option("--commit", args->commit, "Commit hash recorded in the JSON");
   cmd->add_option("--note", args->note, "Free text recorded in the JSON (e.g. uncommitted changes)");
   cmd->add_option("--modes", args->modes,
                   "--model: greedy, greedy-mtp, sample (generation_config's sampling), sample-mtp")
       ->capture_default_str();
-  cmd->add_option("--mtp-draft", args->mtp_draft, "--model: draft length k of the MTP modes")
-      ->check(CLI::Range(1, 8))
-      ->capture_default_str();
+  auto* mtp =
+      cmd->add_option("--mtp-draft", args->mtp_draft,
+                      "Draft length k: --model, of the MTP modes (default 2); --synth, time MTP cycles "
+                      "with a scripted acceptance in every cell (1..7)")
+          ->check(CLI::Range(1, 8));
+  cmd->add_option("--accept-pattern", args->accept_pattern,
+                  "--synth --mtp-draft: accepted drafts per cycle, cycled, e.g. 2,1,2");
+  cmd->add_option(
+         "--accept-mean", args->accept_mean,
+         "--synth --mtp-draft: tokens per cycle of a deterministic pattern (default 2.3, at most k + 1)")
+      ->check(CLI::Range(1.0, 16.0));
+  add_draft_options(cmd, &args->mtp_draft_vocab, &args->mtp_window);
   cmd->add_option("--ctx-size", args->ctx_size,
                   "--model: the session's context (0: the model's, or the largest that fits)");
   cmd->add_option("--prompt-root", args->prompt_root,
@@ -516,7 +553,7 @@ void setup_bench(CLI::App& app) {
   cmd->add_flag("--read-weights", args->read_weights,
                 "--model: only read the weights through the GPU upload's reader, twice, and report GB/s and "
                 "peak memory");
-  cmd->callback([args, contexts, tokens, runs, chunk, backend] {
+  cmd->callback([args, contexts, tokens, runs, chunk, backend, mtp] {
     BenchArgs a = *args;
     if (!a.model.empty()) {
       if (contexts->count() == 0) a.contexts = "2k";
@@ -525,6 +562,8 @@ void setup_bench(CLI::App& app) {
       if (backend->count() == 0) a.backend = "auto";
     } else if (a.backend == "auto") {
       fail(make_error(ErrorCode::kInvalidArgument, "bench --synth takes --backend cuda or cpu"));
+    } else if (mtp->count() == 0) {
+      a.mtp_draft = 0;
     }
     run_bench(a);
   });

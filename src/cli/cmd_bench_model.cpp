@@ -249,7 +249,9 @@ void run_bench_model(const BenchArgs& a) {
                                                                     .kv_dtype = DType::kBF16,
                                                                     .prefill_chunk = a.prefill_chunk,
                                                                     .max_draft = std::max(a.mtp_draft, 1),
-                                                                    .mtp = true}));
+                                                                    .mtp = true,
+                                                                    .mtp_draft_vocab = a.mtp_draft_vocab,
+                                                                    .mtp_window = a.mtp_window}));
   if (!s->tokenizer) bench_fail(make_error(ErrorCode::kNotFound, "{}: tokenizer.json is missing", a.model));
   Backend& be = *s->backend;
   json notes = json::array();

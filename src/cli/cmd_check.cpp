@@ -29,6 +29,7 @@ struct CheckArgs {
   std::string model;
   std::string backend = "auto";
   int threads = 0;
+  int mtp_draft_vocab = 0, mtp_window = 0;
   int tokens = 256;
   int samples = 20000;
   std::string chi_square = "auto";
@@ -248,7 +249,9 @@ void run_check(const CheckArgs& a) {
                             .kv_dtype = DType::kBF16,
                             .prefill_chunk = 64,
                             .max_draft = 4,
-                            .mtp = true});
+                            .mtp = true,
+                            .mtp_draft_vocab = a.mtp_draft_vocab,
+                            .mtp_window = a.mtp_window});
     if (!e) fail(e.status());
     return std::move(e).value();
   }();
@@ -321,6 +324,7 @@ void setup_check(CLI::App& app) {
   cmd->add_option("--backend", a->backend, "auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  add_draft_options(cmd, &a->mtp_draft_vocab, &a->mtp_window);
   cmd->add_option("--tokens", a->tokens, "Generated tokens per identity run")->check(CLI::Range(8, 1 << 16));
   cmd->add_option("--samples", a->samples, "Speculative samples per chi-square test")
       ->check(CLI::Range(1000, 1 << 24));

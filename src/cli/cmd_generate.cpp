@@ -33,6 +33,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   float draft_temperature = 1;
   int mtp_draft = 2;
+  int mtp_draft_vocab = 0, mtp_window = 0;
   bool no_mtp = false;
   std::string accept;
   std::vector<std::string> stop;
@@ -174,7 +175,9 @@ void run_generate(const GenerateArgs& a) {
                                         .kv_dtype = a.kv_dtype == "f32" ? DType::kF32 : DType::kBF16,
                                         .prefill_chunk = a.prefill_chunk,
                                         .max_draft = no_mtp ? 0 : a.mtp_draft,
-                                        .mtp = !no_mtp}));
+                                        .mtp = !no_mtp,
+                                        .mtp_draft_vocab = a.mtp_draft_vocab,
+                                        .mtp_window = a.mtp_window}));
   if (!no_mtp && !s->generator->has_drafter()) {
     fmt::print(stderr, "puredrive generate: {} has no MTP head; decoding without speculation\n", a.model);
   }
@@ -286,6 +289,7 @@ void setup_generate(CLI::App& app) {
                                       "Temperature of the MTP drafts (draft side only; output unchanged)");
   cmd->add_option("--mtp-draft", a->mtp_draft, "MTP draft tokens per cycle, 0..4")->check(CLI::Range(0, 4));
   cmd->add_flag("--no-mtp", a->no_mtp, "Plain decoding, one token per step");
+  add_draft_options(cmd, &a->mtp_draft_vocab, &a->mtp_window);
   cmd->add_option("--accept", a->accept,
                   "Acceptance rule (default: greedy at T=0, seeded with --seed, else block)")
       ->check(CLI::IsMember({"greedy", "token", "block", "seeded"}));

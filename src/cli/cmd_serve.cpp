@@ -41,6 +41,7 @@ struct ServeArgs {
   std::string model_alias;
   int ctx_size = 0;  // 0: from the model and the memory (ModelSession)
   int mtp_draft = 2;
+  int mtp_draft_vocab = 0, mtp_window = 0;
   int prefill_chunk = kDefaultPrefillChunk;
   std::string prefix_cache = "on";
   int prefix_cache_mib = -1;  // -1: from the memory free after loading
@@ -133,7 +134,9 @@ Served load_model(const ServeArgs& a) {
                                        .kv_dtype = DType::kBF16,
                                        .prefill_chunk = a.prefill_chunk,
                                        .max_draft = std::max(a.mtp_draft, 1),
-                                       .mtp = a.mtp_draft > 0}));
+                                       .mtp = a.mtp_draft > 0,
+                                       .mtp_draft_vocab = a.mtp_draft_vocab,
+                                       .mtp_window = a.mtp_window}));
   ModelSession& m = *s.session;
   if (a.mtp_draft > 0 && !m.generator->has_drafter()) {
     PD_LOG_WARN("{} has no MTP head: decoding without speculation", a.model);
@@ -313,6 +316,7 @@ void setup_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--mtp-draft", args->mtp_draft, "MTP draft length k (0: no speculation)")
       ->capture_default_str();
+  add_draft_options(cmd, &args->mtp_draft_vocab, &args->mtp_window);
   cmd->add_option(
          "--prefill-chunk", args->prefill_chunk,
          "Prompt rows per prefill step (bounds the step workspaces; a cancelled request stops between "

@@ -13,4 +13,16 @@ using CommandSetup = std::function<void(CLI::App& app)>;
 
 bool register_command(CommandSetup setup);
 
+// The MTP head's draft-side options (ModelOptions::mtp_draft_vocab, mtp_window; docs/DESIGN.md §4.8),
+// the same flags for generate, serve, check and bench.
+inline void add_draft_options(CLI::App* cmd, int* draft_vocab, int* window) {
+  cmd->add_option(
+         "--mtp-draft-vocab", *draft_vocab,
+         "The MTP head's lm_head over token ids [0, N) only: cheaper drafts, the same output (0: all)")
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--mtp-window", *window,
+                  "The MTP head attends its last W positions only (CPU backend; the same output; 0: all)")
+      ->check(CLI::Range(0, 1 << 24));
+}
+
 }  // namespace pd::cli

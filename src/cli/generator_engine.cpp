@@ -49,7 +49,7 @@ GenerationResult GeneratorEngine::generate(const GenerationRequest& request, Gen
   req.sampling = to_params(request.sampling);
   req.max_tokens = request.max_tokens;
   req.stop_token_ids = request.stop_token_ids;
-  req.num_draft = mtp_draft_;
+  req.num_draft = request.mtp ? mtp_draft_ : 0;
   req.block_verification = options_.block_verification;
   req.draft_temperature = options_.draft_temperature;
   req.rng_seed = seeds_();
@@ -114,6 +114,8 @@ GenerationResult GeneratorEngine::generate(const GenerationRequest& request, Gen
   st.decode_steps = r->steps;
   st.draft_tokens = r->accept.drafted;
   st.accepted_draft_tokens = r->accept.accepted;
+  st.proposed_at = r->accept.proposed_at;
+  st.accepted_at = r->accept.accepted_at;
   return result;
 }
 

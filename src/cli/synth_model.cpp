@@ -356,7 +356,8 @@ Expected<std::unique_ptr<SynthModel>> make_synth_model(const std::string& arch, 
   }
   m->weights.norm = ones;
   m->weights.lm_head = b.matrix("lm_head", V, H, fan_in(H));
-  sb.dense += m->weights.lm_head.nbytes();
+  sb.lm_head = m->weights.lm_head.nbytes();
+  sb.dense += sb.lm_head;
   if (c.mtp_num_hidden_layers > 0) {
     MtpWeights mtp;
     mtp.fc = b.matrix("mtp.fc", H, 2 * H, fan_in(2 * H));
@@ -367,8 +368,13 @@ Expected<std::unique_ptr<SynthModel>> make_synth_model(const std::string& arch, 
     lw.type = LayerType::kFullAttention;
     lw.input_layernorm = ones;
     lw.post_attention_layernorm = ones;
-    lw.attn = attention("mtp.layers.0.", nullptr);
-    lw.moe = moe("mtp.layers.0.", nullptr);
+    // The head's step bytes, counted like a decoder layer's, then moved to the mtp_ fields.
+    StepBytes head;
+    lw.attn = attention("mtp.layers.0.", &head);
+    lw.moe = moe("mtp.layers.0.", &head);
+    sb.mtp_dense = head.dense + mtp.fc.nbytes() + m->weights.embed_tokens.nbytes() / V;
+    sb.mtp_experts_active = head.experts_active;
+    sb.mtp_kv_per_token = head.kv_per_token;
     mtp.layers.push_back(std::move(lw));
     m->weights.mtp = std::move(mtp);
   }

@@ -27,8 +27,18 @@ struct StepBytes {
   int64_t experts_active = 0;  // top_k routed experts per layer
   int64_t kv_per_token = 0;    // K + V bytes per cached token over all full-attention layers
   int64_t gdn_state = 0;       // recurrent + conv state of all GDN layers, read and written once
+  int64_t lm_head = 0;         // the output matrix (part of dense)
+  // One draft step of the MTP head: its non-expert matrices (fc, attention, router, shared expert, one
+  // embedding row; the shared lm_head not included), its top_k routed experts, K + V bytes per cached token.
+  int64_t mtp_dense = 0;
+  int64_t mtp_experts_active = 0;
+  int64_t mtp_kv_per_token = 0;
   int64_t at_context(int64_t tokens) const {
     return dense + experts_active + gdn_state + kv_per_token * tokens;
+  }
+  // A draft step at `tokens` cached positions whose lm_head covers draft_vocab of vocab rows.
+  int64_t mtp_at_context(int64_t tokens, int64_t draft_vocab, int64_t vocab) const {
+    return mtp_dense + mtp_experts_active + mtp_kv_per_token * tokens + lm_head * draft_vocab / vocab;
   }
 };
 

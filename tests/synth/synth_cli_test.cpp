@@ -2,7 +2,7 @@
 // layouts load and generate what the in-memory synthetic model generates (the same weights, read back through
 // the loader); the MLX layout is the one `puredrive quantize` writes; a model that cannot fit is refused
 // before any weight is read; `bench --model` runs the docs/DESIGN.md §7 protocol on the
-// tiny coder.
+// tiny coder; `bench --synth --mtp-draft` times MTP cycles whose scripted acceptance they must follow.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -245,6 +245,73 @@ TEST(BenchModel, TinyCoderOnTheCpu) {
   EXPECT_EQ(j["greedy_mtp_identical"]["compared"], 2);
   EXPECT_EQ(j["greedy_mtp_identical"]["identical"], 2);
   EXPECT_EQ(j["model"]["load"]["upload_bytes_per_second"], nullptr) << "the CPU uses the weights in place";
+}
+
+// bench --synth --mtp-draft: full MTP cycles with a scripted acceptance through the generator's cycle. The
+// scripted drafts copy the tokens plain decoding produced from the same state, so the cycles must emit
+// exactly those tokens and accept exactly the scripted counts (the row-exact verify step and the rollback,
+// end to end).
+TEST(BenchSynth, MtpCyclesWithAScriptedAcceptance) {
+  TempDir dir("mtp");
+  const std::string out = dir / "bench.json", md = dir / "bench.md";
+  const CliRun b = run(fmt::format(
+      "bench --synth tiny --backend cpu --threads 1 --contexts 64,100 --fill auto --tokens 48 --mtp-draft 3 "
+      "--accept-pattern 1,3,0,2 --json {} --markdown {}",
+      out, md));
+  ASSERT_EQ(b.rc, 0) << b.out;
+  const json j = read_json(out);
+  EXPECT_EQ(j["schema"], "puredrive-bench/3");
+  ASSERT_EQ(j["cells"].size(), 2u);
+  for (const json& c : j["cells"]) {
+    const json& m = c["mtp_cycle"];
+    ASSERT_TRUE(m.is_object()) << c.dump();
+    EXPECT_TRUE(m["output_equals_plain"].get<bool>()) << m.dump();
+    EXPECT_TRUE(m["acceptance_as_scripted"].get<bool>()) << m.dump();
+    EXPECT_EQ(m["draft_tokens"], 3);
+    EXPECT_EQ(m["acceptance"], "scripted");
+    // The pattern's counts, each in its slot of the histogram: 0, 1, 2 and 3 accepted drafts all occur.
+    int64_t cycles = 0, tokens = 0;
+    for (size_t a = 0; a < m["accepted_histogram"].size(); ++a) {
+      const auto n = m["accepted_histogram"][a].get<int64_t>();
+      EXPECT_GT(n, 0) << "accepted " << a;
+      cycles += n;
+      tokens += n * static_cast<int64_t>(a + 1);
+    }
+    EXPECT_EQ(cycles, m["cycles"].get<int64_t>());
+    EXPECT_EQ(tokens, m["tokens"].get<int64_t>());
+    EXPECT_GT(m["cycle_ms"].get<double>(), 0);
+    EXPECT_GT(m["plain_step_ms"].get<double>(), 0);
+    EXPECT_GT(m["floor"]["bytes_per_cycle"].get<double>(), 0);
+    EXPECT_GT(m["fraction_of_floor"].get<double>(), 0);
+  }
+  auto text = read_text_file(md);
+  ASSERT_TRUE(text.has_value());
+  EXPECT_NE(text->find("MTP cycles"), std::string::npos) << *text;
+
+  // From a synthetic fill (the long-context cells' path), with a draft vocabulary and a window.
+  const CliRun f = run(fmt::format(
+      "bench --synth tiny --backend cpu --threads 1 --contexts 90 --fill synthetic --tokens 40 --mtp-draft 2 "
+      "--accept-mean 2.5 --mtp-draft-vocab 100 --mtp-window 16 --json {}",
+      out));
+  ASSERT_EQ(f.rc, 0) << f.out;
+  const json fj = read_json(out);
+  ASSERT_EQ(fj["cells"].size(), 1u);
+  const json& fm = fj["cells"][0]["mtp_cycle"];
+  EXPECT_EQ(fj["cells"][0]["fill"], "synthetic");
+  EXPECT_TRUE(fm["output_equals_plain"].get<bool>()) << fm.dump();
+  EXPECT_TRUE(fm["acceptance_as_scripted"].get<bool>()) << fm.dump();
+  EXPECT_EQ(fm["mtp_draft_vocab"], 100);
+
+  const CliRun bad =
+      run("bench --synth tiny --backend cpu --contexts 64 --tokens 48 --mtp-draft 2 --accept-pattern 1,3");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.out.find("--accept-pattern: '3' is not a number of accepted drafts in 0..2"),
+            std::string::npos)
+      << bad.out;
+  const CliRun mean =
+      run("bench --synth tiny --backend cpu --contexts 64 --tokens 48 --mtp-draft 1 --accept-mean 2.5");
+  EXPECT_NE(mean.rc, 0);
+  EXPECT_NE(mean.out.find("tokens per cycle must be in 1..2"), std::string::npos) << mean.out;
 }
 
 TEST(BenchModel, ReadWeightsThroughTheUploadReader) {

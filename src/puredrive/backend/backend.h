@@ -193,7 +193,9 @@ struct KvCache {
 // Gated attention after the projections (spec §4): split qg per head into query and gate, RMSNorm q and k
 // per head, rotate the first rotary_dim dims at each row's position, write k and v at positions[r], then for
 // each row causal GQA softmax attention over cache positions [0, positions[r]] (scale D^-1/2; entries
-// written by earlier rows of the same step are visible), times sigmoid(gate).
+// written by earlier rows of the same step are visible), times sigmoid(gate). With a window W > 0 a row
+// attends only the last W positions, [max(0, positions[r] - W + 1), positions[r]] (the MTP head's draft-side
+// approximation, docs/DESIGN.md §4.8; the CPU backend implements it, the CUDA kernels do not yet).
 // Callers guarantee that entries [0, positions[r]) hold this sequence's keys and values.
 struct GatedAttentionArgs {
   AttentionDims dims;
@@ -211,6 +213,7 @@ struct GatedAttentionArgs {
   // A prefill piece: a backend may take its prefill kernels whatever R (chunking invariance, docs/DESIGN.md
   // §4.6).
   bool prefill = false;
+  int32_t window = 0;  // > 0: attend only the last `window` positions
 };
 
 struct GdnDims {

@@ -8,6 +8,10 @@
 // The op computes exactly what process_logits() + draw_token() / Verifier::accept() compute on the host
 // (backend/cpu/sampling.h is the reference of both), so plain and speculative decoding, the CPU and the
 // CUDA backend all emit the same tokens for the same inputs.
+//
+// One host synchronisation per step or cycle: queue_draft() and queue_verify() only queue the op (each call
+// writes its own output words), and collect() reads them all back with one download. Between them nothing
+// waits for the device, so a whole MTP cycle can be recorded as one backend step (a CUDA graph).
 #pragma once
 
 #include <cstdint>
@@ -49,9 +53,14 @@ class DeviceSampler {
   // the prompt's history.
   Status begin(const SamplingParams& target, const SamplingParams& draft, std::span<const int32_t> prompt);
 
-  // The drafts d_1..d_k the next verify() checks: draw_draft() leaves them here on the device; drafters that
+  // The drafts d_1..d_k the next verify checks: queue_draft() leaves them here on the device; drafters that
   // pick tokens on the host upload them.
   Status upload_drafts(std::span<const int32_t> tokens);
+  // Where they live: I32 [1, kSampleMaxRows], d_j at column j - 1. The verify step and the MTP head's chained
+  // draft steps read their token ids from here (ForwardOptions::device_tokens).
+  const Tensor& drafts() const { return drafts_.tensor(); }
+  // d_1..d_k downloaded (tests and reports; waits for the device).
+  Expected<std::vector<int32_t>> download_drafts(int k);
 
   // Rows [0, k) for the draft distributions q_1..q_k (F32 [k, V]), allocated on first use.
   Expected<Tensor> draft_rows(int k);
@@ -64,19 +73,31 @@ class DeviceSampler {
 
   // The drafter's draw from one logits row (F32 [1, V]) with the draft params, after `prior` drafts of this
   // cycle (they count in the penalties): `rule`'s draw_token() with the staged uniform or the seeded noise at
-  // the staged position. Stores the token as draft prior + 1 and returns it.
+  // the staged position. Queues the op, which stores the token as draft prior + 1 on the device; the next
+  // collect() reports its errors.
+  Status queue_draft(const Tensor& row, AcceptRule rule, int prior);
+  // queue_draft(), then the drawn token downloaded (tests).
   Expected<int32_t> draw_draft(const Tensor& row, AcceptRule rule, int prior);
 
-  // Verifies drafts d_1..d_k (k = logits.rows - 1; k = 0 is a plain step) against the target rows p_0..p_k
-  // with `verifier` and the staged control (position: that of d_1); draft_rows holds q_1..q_k for
-  // kTokenwise / kBlock. The emitted tokens join the history. top_logprobs: -1 or how many alternatives each
-  // emitted token lists.
+  // Queues the verification of drafts d_1..d_k (k = logits.rows - 1; k = 0 is a plain step) against the
+  // target rows p_0..p_k with `verifier` and the staged control (position: that of d_1); draft_rows holds
+  // q_1..q_k for kTokenwise / kBlock. The emitted tokens join the history. top_logprobs: -1 or how many
+  // alternatives each emitted token lists.
+  Status queue_verify(const Tensor& logits, const Tensor& draft_rows, const Verifier& verifier,
+                      int top_logprobs);
+  // Waits for the queued ops and reads their words in one download: the errors of the draft draws (in
+  // order), then the verdict of the queued verification.
+  Expected<const Verdict*> collect();
+  // queue_verify(), then collect().
   Expected<const Verdict*> verify(const Tensor& logits, const Tensor& draft_rows, const Verifier& verifier,
                                   int top_logprobs);
 
  private:
   DeviceSampler(Backend& backend, int32_t vocab) : backend_(backend), vocab_(vocab) {}
-  Status run(SampleArgs& args, int rows);
+  // Queues the op with its output at word `offset` of out_.
+  Status launch(SampleArgs& args, int rows, int64_t offset);
+  // The error a call's output words report, if any.
+  Status check(const int32_t* words) const;
 
   Backend& backend_;
   int32_t vocab_;
@@ -86,6 +107,9 @@ class DeviceSampler {
   bool has_bias_ = false;
   std::vector<int64_t> control_host_;
   std::vector<int32_t> out_host_;
+  std::vector<int> queued_draws_;  // priors of the draws since the last collect(), in order
+  int queued_rows_ = 0;            // rows of the queued verification (0: none)
+  int queued_logprobs_ = -1;
   Verdict verdict_;
 };
 

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -208,6 +209,55 @@ TEST(DeviceSampler, ReportsBadRowsAndDraftsAsErrors) {
   ASSERT_FALSE(v.has_value());
   EXPECT_NE(v.status().message().find("draft 1 is token 9, outside the vocabulary"), std::string::npos)
       << v.status().message();
+}
+
+// A cycle as the MTP drafter and the generator queue it: two greedy draws (each drafts the argmax of its row
+// on the device), then the verification of those drafts, all read back by one collect(). Expected values are
+// argmaxes computed here. A NaN in a draw's row is reported by that collect().
+TEST(DeviceSampler, QueuedDrawsAndVerifyCollectOnce) {
+  Expected<std::unique_ptr<Backend>> be = create_backend({.name = "cpu", .threads = 1});
+  ASSERT_TRUE(be.has_value());
+  constexpr int V = 16;
+  Expected<std::unique_ptr<DeviceSampler>> ds = DeviceSampler::create(**be, V);
+  ASSERT_TRUE(ds.has_value());
+  SamplingParams sp;
+  sp.temperature = 0.0f;
+  ASSERT_TRUE((*ds)->begin(sp, sp, {}).is_ok());
+  Expected<Buffer> draws = (*be)->alloc(DType::kF32, 2, V), target = (*be)->alloc(DType::kF32, 3, V);
+  ASSERT_TRUE(draws.has_value() && target.has_value());
+  std::mt19937_64 gen(9);
+  std::vector<float> d = random_rows(gen, 2, V), t = random_rows(gen, 3, V);
+  auto argmax = [&](const std::vector<float>& rows, int r) {
+    const float* x = rows.data() + static_cast<ptrdiff_t>(r) * V;
+    return static_cast<int32_t>(std::max_element(x, x + V) - x);  // the first maximum: the lowest id
+  };
+  // Make the target agree with the first draft only.
+  t[static_cast<size_t>(argmax(d, 0))] = 100.0f;
+  t[V + static_cast<size_t>((argmax(d, 1) + 1) % V)] = 100.0f;
+  ASSERT_TRUE((*be)->upload(draws->tensor(), d.data()).is_ok());
+  ASSERT_TRUE((*be)->upload(target->tensor(), t.data()).is_ok());
+  for (int j = 0; j < 2; ++j) {
+    ASSERT_TRUE((*ds)->stage({}, 0, 10 + j).is_ok());
+    ASSERT_TRUE((*ds)->queue_draft(draws->row_slice(j, 1), AcceptRule::kGreedy, j).is_ok());
+  }
+  ASSERT_TRUE((*ds)->stage({}, 0, 10).is_ok());
+  ASSERT_TRUE((*ds)->queue_verify(target->tensor(), Tensor{}, Verifier(AcceptRule::kGreedy), -1).is_ok());
+  Expected<const Verdict*> v = (*ds)->collect();
+  ASSERT_TRUE(v.has_value()) << v.status().to_string();
+  EXPECT_EQ((*v)->accepted, 1);
+  EXPECT_EQ((*v)->tokens, (std::vector<int32_t>{argmax(d, 0), argmax(t, 1)}));
+  EXPECT_EQ(*(*ds)->download_drafts(2), (std::vector<int32_t>{argmax(d, 0), argmax(d, 1)}));
+
+  d[V + 3] = std::nanf("");
+  ASSERT_TRUE((*be)->upload(draws->tensor(), d.data()).is_ok());
+  for (int j = 0; j < 2; ++j)
+    ASSERT_TRUE((*ds)->queue_draft(draws->row_slice(j, 1), AcceptRule::kGreedy, j).is_ok());
+  ASSERT_TRUE((*ds)->queue_verify(target->tensor(), Tensor{}, Verifier(AcceptRule::kGreedy), -1).is_ok());
+  v = (*ds)->collect();
+  ASSERT_FALSE(v.has_value());
+  EXPECT_NE(v.status().message().find("NaN or +inf logit at token 3"), std::string::npos)
+      << v.status().message();
+  EXPECT_FALSE((*ds)->collect().has_value()) << "nothing queued any more";
 }
 
 }  // namespace

@@ -11,10 +11,12 @@
 //   - can_draft(n) says whether drafting after position n is possible (the MTP head needs the hidden state
 //     of position n - 1, so not right after a 1-token prompt).
 //   - draft() proposes d_1..d_k for positions n+1..n+k, each drawn with the rule's draw_token() from its
-//   draft
-//     distribution q_j. The MTP head draws on the device (DeviceSampler::draw_draft), which leaves the
-//     drafts where the verify step reads them; for kTokenwise / kBlock the drafter also leaves the logits
+//     draft distribution q_j. The MTP head draws on the device (DeviceSampler::queue_draft), which leaves
+//     the drafts where the verify step reads them, and only queues work: the host learns the drafts that
+//     survived from the cycle's one download. For kTokenwise / kBlock the drafter also leaves the logits
 //     rows of q_1..q_k in DeviceSampler::draft_rows(k), processed with the draft params by the verify step.
+//   - draft() and observe() run inside the generator's recorded step (Backend::begin_step): they may queue
+//     device work and upload, but never download or synchronise.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +34,8 @@ namespace pd {
 
 // What a drafter proposes for one cycle.
 struct DraftBlock {
-  std::vector<int32_t> tokens;  // d_1..d_k
-  bool on_device = false;       // already in the DeviceSampler's drafts (draw_draft)
+  std::vector<int32_t> tokens;  // d_1..d_k when picked on the host (the generator uploads them)
+  bool on_device = false;       // drawn into the DeviceSampler's drafts on the device; `tokens` is empty
 };
 
 struct DraftContext {
@@ -59,9 +61,10 @@ class Drafter {
   virtual void reset() = 0;
   // A new sequence starts whose first `position` rows the drafter has in the state already (a prefix-cache
   // hit restored the MTP head's KV rows): observing continues at `position`.
-  virtual void resume(int position) {
+  virtual Status resume(int position) {
     (void)position;
     reset();
+    return Status::ok();
   }
   // Puts every observed row but the last into the state (the MTP head's KV rows), so that a prefix cache can
   // copy them; the last row stays for the next draft.

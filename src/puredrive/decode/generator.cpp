@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 
+#include "puredrive/decode/cycle_runner.h"
 #include "puredrive/decode/mtp_drafter.h"
 
 namespace pd {
@@ -115,10 +116,14 @@ class Generator::Run {
                    ? g.prefix_cache_.get()
                    : nullptr),
         // With a cache, plain requests run the MTP head over the prompt too, so that its blocks are whole.
-        observer_(drafter_ != nullptr || cache_ == nullptr ? drafter_ : g.drafter_.get()) {
+        observer_(drafter_ != nullptr || cache_ == nullptr ? drafter_ : g.drafter_.get()),
+        runner_(g.model_, g.state_, *g.sampler_, drafter_, draft_rng_, accept_rng_,
+                {.verifier = verifier_,
+                 .seed = r.sampling.seed.value_or(0),
+                 .top_logprobs = r.top_logprobs,
+                 .timing = r.timing}) {
     draft_params_ = r.sampling;
     if (r.draft_temperature && !r.sampling.is_greedy()) draft_params_.temperature = *r.draft_temperature;
-    seed_ = r.sampling.seed.value_or(0);
   }
 
   Expected<DecodeResult> run() {
@@ -152,7 +157,15 @@ class Generator::Run {
         PD_TRY(plain_step());
       }
     }
+    PD_TRY(runner_.finish());
     result_.decode_seconds = seconds_since(t1);
+    const CycleTimes& t = runner_.times();
+    result_.steps = t.steps;
+    result_.plain_steps = t.plain_steps;
+    result_.target_seconds = t.target_seconds;
+    result_.sample_seconds = t.sample_seconds;
+    result_.accept.draft_seconds = t.draft_seconds;
+    result_.accept.verify_seconds = t.verify_seconds;
     result_.tokens.assign(seq_.begin() + static_cast<std::ptrdiff_t>(r_.prompt.size()), seq_.end());
     return std::move(result_);
   }
@@ -215,111 +228,30 @@ class Generator::Run {
     PD_ASSIGN_OR_RETURN(const Tensor hidden, cache_->restore(st, prompt, length));
     result_.cached_tokens = length;
     if (observer_ == nullptr) return Status::ok();
-    observer_->resume(length - 1);
+    PD_TRY(observer_->resume(length - 1));
     if (hidden.empty()) return Status::ok();
     return observer_->observe(st, length - 1, prompt.subspan(static_cast<size_t>(length), 1), hidden);
   }
 
-  bool uses_uniforms() const {
-    return verifier_.rule() == AcceptRule::kTokenwise || verifier_.rule() == AcceptRule::kBlock;
-  }
-
-  // Waits for the device when the request times the phases apart.
-  Status settle() { return r_.timing ? g_.model_.backend().synchronize() : Status::ok(); }
-
-  // Stages the sample op's control for a step of k + 1 rows whose first drawn token is at `position`: the
-  // uniforms come from the acceptance stream in Verifier::accept's order.
-  Status stage(int k, int64_t position) {
-    uniforms_.clear();
-    if (uses_uniforms()) {
-      for (int j = 0; j <= k; ++j) uniforms_.push_back(accept_rng_.uniform());
-    }
-    return sampler_.stage(uniforms_, seed_, position);
-  }
-
-  // The sample op over the target rows of a step: a plain step (1 row) or a verify step (k + 1 rows).
-  Status sample(const Tensor& logits, const Tensor& draft_rows) {
-    const auto t0 = Clock::now();
-    PD_ASSIGN_OR_RETURN(verdict_, sampler_.verify(logits, draft_rows, verifier_, r_.top_logprobs));
-    result_.sample_seconds += seconds_since(t0);
-    return Status::ok();
-  }
-
+  // One step or cycle through the runner, then the emitted tokens (a stop may cut them short) and what
+  // stays of the step.
   Status plain_step() {
-    SequenceState& st = g_.state_;
-    const int32_t token = seq_.back();
-    const auto position = static_cast<int32_t>(seq_.size() - 1);
-    PD_TRY(stage(0, position + 1));
-    const auto t0 = Clock::now();
-    PD_ASSIGN_OR_RETURN(StepOutput out, g_.model_.forward(st, std::span(&token, 1), std::span(&position, 1),
-                                                          {.logits = LogitRows::kLast, .tap = {}}));
-    PD_TRY(settle());
-    result_.target_seconds += seconds_since(t0);
-    ++result_.steps;
-    ++result_.plain_steps;
-    PD_TRY(sample(out.logits, Tensor{}));
-    emitted_ = verdict_->tokens;
-    PD_TRY(emit(out.logits));
-    if (!done_ && drafter_) PD_TRY(drafter_->observe(st, position, emitted_, out.hidden));
-    return Status::ok();
+    PD_ASSIGN_OR_RETURN(const Verdict* v, runner_.plain_step(seq_));
+    return commit(*v);
   }
 
   Status cycle(int k) {
-    SequenceState& st = g_.state_;
-    const auto n = static_cast<int32_t>(seq_.size() - 1);
-    // Draft.
-    auto t0 = Clock::now();
-    const DraftContext ctx{.sequence = seq_,
-                           .prompt_length = static_cast<int>(r_.prompt.size()),
-                           .num_draft = k,
-                           .rule = verifier_.rule(),
-                           .sampler = &sampler_,
-                           .rng = &draft_rng_,
-                           .seed = seed_};
-    PD_TRY(drafter_->draft(st, ctx, &block_));
-    if (static_cast<int>(block_.tokens.size()) != k) {
-      return make_error(ErrorCode::kInternal, "drafter proposed {} tokens, {} asked", block_.tokens.size(),
-                        k);
-    }
-    for (int32_t d : block_.tokens) {
-      if (d < 0 || d >= vocab_) return make_error(ErrorCode::kInternal, "drafter proposed token {}", d);
-    }
-    if (!block_.on_device) PD_TRY(sampler_.upload_drafts(block_.tokens));
-    PD_TRY(settle());
-    result_.accept.draft_seconds += seconds_since(t0);
+    PD_ASSIGN_OR_RETURN(const Verdict* v, runner_.cycle(seq_, static_cast<int>(r_.prompt.size()), k));
+    result_.accept.record(k, v->accepted);
+    result_.cycle_accepted.push_back(v->accepted);
+    return commit(*v);
+  }
 
-    // Verify: one target step over [x_n, d_1..d_k], then the sample op accepts a prefix and draws y.
-    PD_TRY(stage(k, n + 1));
-    t0 = Clock::now();
-    rows_.assign(1, seq_.back());
-    rows_.insert(rows_.end(), block_.tokens.begin(), block_.tokens.end());
-    positions_.resize(rows_.size());
-    std::iota(positions_.begin(), positions_.end(), n);
-    PD_ASSIGN_OR_RETURN(StepOutput out,
-                        g_.model_.forward(st, rows_, positions_, {.logits = LogitRows::kAll, .tap = {}}));
-    PD_TRY(settle());
-    const double verify = seconds_since(t0);
-    result_.accept.verify_seconds += verify;
-    result_.target_seconds += verify;
-    ++result_.steps;
-    Tensor draft_rows;
-    if (uses_uniforms()) {
-      PD_ASSIGN_OR_RETURN(draft_rows, sampler_.draft_rows(k));
-    }
-    PD_TRY(sample(out.logits, draft_rows));
-    const int a = verdict_->accepted;
-    result_.accept.record(k, a);
-    result_.cycle_accepted.push_back(a);
-
-    // Commit d_1..d_a, y; drop the rejected rows.
-    emitted_ = verdict_->tokens;
-    PD_TRY(emit(out.logits));
-    // The verify rows that stay are x_n and the drafts before the last emitted token (a stop may have cut
-    // the cycle short), so the state always ends as plain decoding would leave it.
-    const int kept = static_cast<int>(emitted_.size());
-    if (kept < k + 1) PD_TRY(st.rewind(n + kept));
-    if (done_) return Status::ok();
-    return drafter_->observe(st, n, emitted_, out.hidden.row_slice(0, kept));
+  Status commit(const Verdict& v) {
+    verdict_ = &v;
+    emitted_ = v.tokens;
+    PD_TRY(emit(runner_.logits()));
+    return runner_.commit(static_cast<int>(emitted_.size()), !done_);
   }
 
   // Appends emitted_ (token i came from logits row i) and applies the stop conditions, cutting the chunk
@@ -368,17 +300,15 @@ class Generator::Run {
   Drafter* drafter_;    // may be null: plain decoding only
   PrefixCache* cache_;  // may be null: no prefix cache for this request
   Drafter* observer_;   // observes the prompt: drafter_, or the MTP drafter for the cache's blocks
+  CycleRunner runner_;
   SamplingParams draft_params_;
-  uint64_t seed_ = 0;
 
   std::vector<int32_t> seq_;  // prompt + generated
   bool done_ = false;
   DecodeResult result_;
   // Reused per step.
   const Verdict* verdict_ = nullptr;
-  std::vector<double> uniforms_;
-  DraftBlock block_;
-  std::vector<int32_t> rows_, positions_, emitted_;
+  std::vector<int32_t> emitted_;
   std::vector<TokenLogprobs> logprobs_;
 };
 

@@ -15,6 +15,9 @@
 //   penalties of each row's history, accept a, y -> emit d_1..d_a, y -> state.rewind(n + a + 1) (GDN
 //   snapshot of row a, KV beyond it dead) -> the drafter observes rows n..n+a (tokens d_1..d_a, y; the
 //   verify hidden states).
+// The steps and cycles run through CycleRunner (cycle_runner.h): each is one recorded backend step (a CUDA
+// graph) with one host synchronisation, the drafts never leave the device, and the rollback and observation
+// are queued at the head of the next step.
 //
 // When generate() returns, the state holds the prompt and every emitted token but the last, exactly as plain
 // decoding leaves it (rejected rows rewound, also when a stop cut a cycle short).
@@ -69,7 +72,8 @@ struct DecodeRequest {
   int top_logprobs = -1;
   bool keep_last_logits = false;  // DecodeResult::last_logits
   // Synchronise the device after every target step and every draft, so that the draft / target / sample
-  // times of DecodeResult are separate (otherwise the device's work lands where the host waits for it).
+  // times of DecodeResult are separate (otherwise the device's work lands where the host waits for it, in
+  // the sample time). Costs two more host waits per cycle.
   bool timing = false;
   std::optional<Verifier> verifier;  // overrides the rule's verifier (testonly faulty rules)
   Drafter* drafter = nullptr;        // overrides the generator's drafter for this request (tests, check)

@@ -27,11 +27,19 @@ Expected<std::unique_ptr<ModelSession>> ModelSession::open(const SessionOptions&
     return make_error(ErrorCode::kInvalidArgument, "prefill chunk must be 1..{} rows, got {}",
                       kMaxPrefillChunk, o.prefill_chunk);
   }
+  if (o.mtp_window > 0 && s->backend->device() != Device::kCpu) {
+    return make_error(ErrorCode::kUnsupported,
+                      "--mtp-window: the MTP attention window runs on the CPU backend only; {} attends every "
+                      "cached position",
+                      s->backend->name());
+  }
   PD_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(o.model_dir));
   const int max_rows = std::max(o.prefill_chunk, o.max_draft + 1);
   // All logits only for verify steps and the row-exactness gate (steps of up to 8 rows).
   const int logit_rows = std::min(max_rows, std::max(8, o.max_draft + 1));
-  const int64_t workspace = step_workspace_bytes(config, max_rows, logit_rows);
+  int64_t workspace = step_workspace_bytes(config, max_rows, logit_rows);
+  // A device holds the draft vocabulary's rows of lm_head once more (at most 2 bytes per weight).
+  if (s->backend->device() != Device::kCpu) workspace += int64_t{o.mtp_draft_vocab} * config.hidden_size * 2;
   // Measured before anything is loaded, as the plan counts the weights itself; the step workspaces come off
   // the top.
   const int64_t available = s->backend->available_memory() - workspace;
@@ -59,7 +67,10 @@ Expected<std::unique_ptr<ModelSession>> ModelSession::open(const SessionOptions&
       poll.emplace(progress, [&] { return static_cast<uint64_t>(s->backend->bound_bytes() - bound_before); });
     }
     auto model = create_model(s->checkpoint.config, s->checkpoint.weights, *s->backend,
-                              {.max_rows = max_rows, .max_logit_rows = logit_rows});
+                              {.max_rows = max_rows,
+                               .max_logit_rows = logit_rows,
+                               .mtp_draft_vocab = o.mtp_draft_vocab,
+                               .mtp_window = o.mtp_window});
     poll.reset();
     progress.finish();
     if (!model) return model.status();

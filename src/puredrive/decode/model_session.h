@@ -35,6 +35,9 @@ struct SessionOptions {
   int prefill_chunk = kDefaultPrefillChunk;
   int max_draft = 4;
   bool mtp = true;  // attach the MTP drafter when the checkpoint has a head
+  // Draft-side approximations of the MTP head (ModelOptions, docs/DESIGN.md §4.8); 0: off.
+  int mtp_draft_vocab = 0;
+  int mtp_window = 0;  // the CPU backend only
 };
 
 struct ModelSession {

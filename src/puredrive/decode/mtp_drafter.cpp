@@ -21,11 +21,6 @@ void MtpDrafter::reset() {
   observed_end_ = 0;
 }
 
-void MtpDrafter::resume(int position) {
-  reset();
-  observed_end_ = position;
-}
-
 Status MtpDrafter::commit(SequenceState& state) {
   const auto n = static_cast<int>(pending_tokens_.size());
   if (n <= 1) return Status::ok();
@@ -105,17 +100,33 @@ Status MtpDrafter::draft(SequenceState& state, const DraftContext& ctx, DraftBlo
   for (int j = 0; j < ctx.num_draft; ++j) {
     if (j > 0) {
       PD_TRY(stage(j));
-      // Chain: (d_j, the previous post-norm hidden) at position n + j - 1 predicts d_{j+1}.
-      const int32_t token = out->tokens.back();
+      // Chain: (d_j, the previous post-norm hidden) at position n + j - 1 predicts d_{j+1}. d_j never leaves
+      // the device: the head reads it where the draw left it.
+      const int32_t placeholder = 0;
       const auto position = static_cast<int32_t>(n + j - 1);
-      PD_ASSIGN_OR_RETURN(step, model_.mtp_forward(state, std::span(&token, 1), std::span(&position, 1),
-                                                   step.hidden.row_slice(step.hidden.rows - 1, 1),
-                                                   {.logits = LogitRows::kLast, .tap = {}}));
+      PD_ASSIGN_OR_RETURN(step,
+                          model_.mtp_forward(state, std::span(&placeholder, 1), std::span(&position, 1),
+                                             step.hidden.row_slice(step.hidden.rows - 1, 1),
+                                             {.logits = LogitRows::kLast,
+                                              .tap = {},
+                                              .prefill = false,
+                                              .device_tokens = ctx.sampler->drafts().col_slice(j - 1, 1),
+                                              .device_tokens_from = 0}));
     }
     if (!rows.empty()) PD_TRY(model_.backend().copy(rows.row_slice(j, 1), step.logits));
-    PD_ASSIGN_OR_RETURN(int32_t d, ctx.sampler->draw_draft(step.logits, ctx.rule, j));
-    out->tokens.push_back(d);
+    PD_TRY(ctx.sampler->queue_draft(step.logits, ctx.rule, j));
   }
+  return Status::ok();
+}
+
+Status MtpDrafter::resume(int position) {
+  if (position < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "MTP drafter: resume at position {} (needs >= 1)",
+                      position);
+  }
+  reset();
+  pending_first_ = position;
+  observed_end_ = position;
   return Status::ok();
 }
 

@@ -28,6 +28,13 @@ struct ModelOptions {
   // The most rows a step may request all logits for (LogitRows::kAll; verify steps): the logits workspaces
   // hold this many rows of V floats, so long prefill chunks need not. 0: max_rows.
   int max_logit_rows = 0;
+  // Draft-side approximations of the MTP head (docs/DESIGN.md §4.8): they change the drafts, never the
+  // verified output. mtp_draft_vocab N > 0: the head's lm_head covers token ids [0, N) only (in byte-level
+  // BPE vocabularies the low ids are the early, frequent merges) and its logits are -inf above them, so a
+  // draft step reads N rows of the output matrix instead of V. mtp_window W > 0: the head attends only the
+  // last W positions.
+  int mtp_draft_vocab = 0;
+  int mtp_window = 0;
 };
 
 // Which rows of a step get logits. Prefill usually needs only the last row; verify needs all.
@@ -47,6 +54,11 @@ struct ForwardOptions {
   // one-row steps (§4.1 lets prefill differ), so every prefill of a prompt, speculative or not, must set it
   // alike.
   bool prefill = false;
+  // Token ids already on the device (I32 [1, >= R - device_tokens_from], contiguous): rows
+  // [device_tokens_from, R) read theirs from here, and `tokens` holds placeholders for them. Drafts drawn on
+  // the device reach the verify step and the MTP head's next draft step without a round trip to the host.
+  Tensor device_tokens = {};
+  int device_tokens_from = 0;
 };
 
 // Views into the model's workspace. forward()'s outputs stay valid until the next forward(); mtp_forward()'s

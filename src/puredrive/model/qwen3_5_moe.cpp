@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -146,8 +147,15 @@ class Binder {
 
 class Qwen35Moe final : public Model {
  public:
-  Qwen35Moe(const ModelConfig& c, const Dims& d, Backend& be, int max_rows, int max_logit_rows)
-      : config_(c), d_(d), be_(be), max_rows_(max_rows), max_logit_rows_(max_logit_rows) {}
+  Qwen35Moe(const ModelConfig& c, const Dims& d, Backend& be, int max_rows, int max_logit_rows,
+            int mtp_draft_vocab, int mtp_window)
+      : config_(c),
+        d_(d),
+        be_(be),
+        max_rows_(max_rows),
+        max_logit_rows_(max_logit_rows),
+        mtp_vocab_(mtp_draft_vocab > 0 ? mtp_draft_vocab : d.vocab),
+        mtp_window_(mtp_window) {}
 
   Status bind(const ModelWeights& w);
   Status allocate_workspace();
@@ -172,6 +180,7 @@ class Qwen35Moe final : public Model {
     GdnSnapshots snapshots = {};
     int32_t kv_length = 0;  // the step's last position + 1
     int32_t first_position = 0;
+    int32_t window = 0;  // attention over the last `window` positions only (the MTP head's option)
   };
 
   Status check_rows(std::span<const int32_t> tokens, std::span<const int32_t> positions, int first,
@@ -182,7 +191,12 @@ class Qwen35Moe final : public Model {
                    int64_t rows, bool prefill);
   Status gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& u, const Tensor& out,
                          int64_t rows, bool prefill);
-  Expected<Tensor> lm_head(const Tensor& hidden, const Buffer& logits, const ForwardOptions& o);
+  // The output head over `vocab` rows of `head` into the first `vocab` columns of `logits`.
+  Expected<Tensor> lm_head(const Tensor& hidden, MatrixId head, int vocab, const Buffer& logits,
+                           const ForwardOptions& o);
+  // Puts the step's token ids into the workspace: uploaded from the host, or copied from
+  // ForwardOptions::device_tokens for the rows it covers.
+  Status load_tokens(std::span<const int32_t> tokens, const ForwardOptions& o, const char* what);
   static void tap(const ForwardOptions& o, const std::string& name, const Tensor& t) {
     if (o.tap) o.tap(name, t);
   }
@@ -193,8 +207,11 @@ class Qwen35Moe final : public Model {
   Backend& be_;
   int max_rows_;
   int max_logit_rows_;
+  int mtp_vocab_;  // V, or the draft vocabulary of the MTP head's lm_head
+  int mtp_window_;
 
   MatrixId embed_tokens_, lm_head_;
+  MatrixId mtp_lm_head_;  // lm_head_, or its first mtp_vocab_ rows
   VectorId final_norm_;
   std::vector<LayerIds> layers_;
   MtpIds mtp_;
@@ -238,6 +255,11 @@ Status Qwen35Moe::bind(const ModelWeights& w) {
     PD_ASSIGN_OR_RETURN(mtp_.norm, b.vector(w.mtp->norm, "mtp.norm"));
     PD_ASSIGN_OR_RETURN(mtp_.layer,
                         b.layer(w.mtp->layers[0], LayerType::kFullAttention, d_.moe, "mtp.layers.0."));
+    mtp_lm_head_ = lm_head_;
+    if (mtp_vocab_ < d_.vocab) {
+      // The first rows of the shared matrix, bound once more (the CPU keeps a view, a device a copy).
+      PD_ASSIGN_OR_RETURN(mtp_lm_head_, b.matrix(w.lm_head.row_slice(0, mtp_vocab_)));
+    }
   }
   return Status::ok();
 }
@@ -272,6 +294,14 @@ Status Qwen35Moe::allocate_workspace() {
     PD_TRY(f32(&ws_.cat, 2 * H));
     PD_TRY(f32(&ws_.mtp_hidden, H));
     PD_ASSIGN_OR_RETURN(ws_.mtp_logits, be_.alloc(DType::kF32, max_logit_rows_, d_.vocab));
+    if (mtp_vocab_ < d_.vocab) {
+      // Ids past the draft vocabulary get -inf once; the head's lm_head never writes them.
+      const int64_t tail = d_.vocab - mtp_vocab_;
+      const std::vector<float> ninf(static_cast<size_t>(max_logit_rows_ * tail),
+                                    -std::numeric_limits<float>::infinity());
+      const Tensor t = ws_.mtp_logits.tensor().col_slice(mtp_vocab_, tail);
+      PD_TRY(be_.upload(t, ninf.data()));
+    }
   }
   return Status::ok();
 }
@@ -337,7 +367,8 @@ Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, con
                               .kv_length = cache.kv_length,
                               .cache = cache.kv,
                               .out = a,
-                              .prefill = prefill}));
+                              .prefill = prefill,
+                              .window = cache.window}));
   return be_.matmul({.w = w.o_proj, .x = a, .out = out, .accum = Accum::kAdd, .prefill = prefill});
 }
 
@@ -365,19 +396,40 @@ Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, con
   return be_.matmul({.w = w.out_proj, .x = core, .out = out, .accum = Accum::kAdd, .prefill = prefill});
 }
 
-Expected<Tensor> Qwen35Moe::lm_head(const Tensor& hidden, const Buffer& logits, const ForwardOptions& o) {
+Expected<Tensor> Qwen35Moe::lm_head(const Tensor& hidden, MatrixId head, int vocab, const Buffer& logits,
+                                    const ForwardOptions& o) {
   if (o.logits == LogitRows::kNone) return Tensor{};
   const Tensor x = o.logits == LogitRows::kLast ? hidden.row_slice(hidden.rows - 1, 1) : hidden;
   const Tensor out = rows(logits, x.rows);
-  PD_TRY(be_.matmul({.w = lm_head_, .x = x, .out = out, .prefill = o.prefill}));
+  PD_TRY(be_.matmul({.w = head, .x = x, .out = out.col_slice(0, vocab), .prefill = o.prefill}));
   return out;
+}
+
+Status Qwen35Moe::load_tokens(std::span<const int32_t> tokens, const ForwardOptions& o, const char* what) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  const Tensor& dev = o.device_tokens;
+  const int64_t from = dev.empty() ? n : o.device_tokens_from;
+  if (from < 0 || from > n) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: device tokens from row {} of a {}-row step", what,
+                      from, n);
+  }
+  if (from < n && (dev.dtype != DType::kI32 || dev.rows != 1 || dev.cols < n - from)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: device tokens are [{}, {}] {}, rows {}..{} need I32 [1, >= {}]", what, dev.rows,
+                      dev.cols, dtype_name(dev.dtype), from, n - 1, n - from);
+  }
+  if (from > 0) PD_TRY(be_.upload(rows(ws_.tokens, from), tokens.data()));
+  if (from < n) {
+    PD_TRY(be_.copy(ws_.tokens.row_slice(from, n - from), dev.col_slice(0, n - from).reshaped(n - from, 1)));
+  }
+  return Status::ok();
 }
 
 Expected<StepOutput> Qwen35Moe::forward(SequenceState& st, std::span<const int32_t> tokens,
                                         std::span<const int32_t> positions, const ForwardOptions& o) {
   PD_TRY(check_rows(tokens, positions, st.length(), st.capacity(), o.logits, "forward"));
   const int64_t n = static_cast<int64_t>(tokens.size());
-  PD_TRY(be_.upload(rows(ws_.tokens, n), tokens.data()));
+  PD_TRY(load_tokens(tokens, o, "forward"));
   PD_TRY(be_.upload(rows(ws_.positions, n), positions.data()));
   // Per-row GDN snapshots make every row of a verify step a rollback point; prefill rows are none.
   const bool snapshots = !o.prefill && n > 1 && n <= st.max_rows();
@@ -402,7 +454,7 @@ Expected<StepOutput> Qwen35Moe::forward(SequenceState& st, std::span<const int32
   const Tensor hidden = rows(ws_.hidden, n);
   PD_TRY(be_.rms_norm({.x = h, .weight = final_norm_, .eps = d_.eps, .out = hidden}));
   tap(o, "final_hidden", hidden);
-  PD_ASSIGN_OR_RETURN(Tensor logits, lm_head(hidden, ws_.logits, o));
+  PD_ASSIGN_OR_RETURN(Tensor logits, lm_head(hidden, lm_head_, d_.vocab, ws_.logits, o));
   st.commit_step(static_cast<int>(n), snapshots);
   return StepOutput{.logits = logits, .hidden = hidden};
 }
@@ -428,7 +480,7 @@ Expected<StepOutput> Qwen35Moe::mtp_forward(SequenceState& st, std::span<const i
                       "mtp_forward: hidden is [{}, {}] {}, expected [{}, {}] F32", hidden.rows, hidden.cols,
                       dtype_name(hidden.dtype), n, H);
   }
-  PD_TRY(be_.upload(rows(ws_.tokens, n), tokens.data()));
+  PD_TRY(load_tokens(tokens, o, "mtp_forward"));
   PD_TRY(be_.upload(rows(ws_.positions, n), positions.data()));
 
   // The embedding comes first in fc's input, the hidden state second.
@@ -442,12 +494,14 @@ Expected<StepOutput> Qwen35Moe::mtp_forward(SequenceState& st, std::span<const i
   const Tensor h = rows(ws_.x, n);
   PD_TRY(be_.matmul({.w = mtp_.fc, .x = cat, .out = h, .prefill = o.prefill}));
   tap(o, "mtp.fc", h);
-  PD_TRY(decoder_layer(mtp_.layer, {.kv = st.mtp_kv(0), .kv_length = positions.back() + 1}, h, n, o.prefill));
+  PD_TRY(decoder_layer(mtp_.layer,
+                       {.kv = st.mtp_kv(0), .kv_length = positions.back() + 1, .window = mtp_window_}, h, n,
+                       o.prefill));
   tap(o, "mtp.L0.out", h);
   const Tensor out = rows(ws_.mtp_hidden, n);
   PD_TRY(be_.rms_norm({.x = h, .weight = mtp_.norm, .eps = d_.eps, .out = out}));
   tap(o, "mtp.hidden", out);
-  PD_ASSIGN_OR_RETURN(Tensor logits, lm_head(out, ws_.mtp_logits, o));
+  PD_ASSIGN_OR_RETURN(Tensor logits, lm_head(out, mtp_lm_head_, mtp_vocab_, ws_.mtp_logits, o));
   st.commit_mtp(first, static_cast<int>(n));
   return StepOutput{.logits = logits, .hidden = out};
 }
@@ -475,10 +529,19 @@ Expected<std::unique_ptr<Model>> create_qwen3_5_moe(const ModelConfig& config, c
                       "max rows per step must be positive and max logit rows not negative, got {} and {}",
                       options.max_rows, options.max_logit_rows);
   }
+  if (options.mtp_draft_vocab < 0 || options.mtp_draft_vocab > config.vocab_size) {
+    return make_error(ErrorCode::kInvalidArgument, "MTP draft vocabulary {} must be in 0..{} (0: all)",
+                      options.mtp_draft_vocab, config.vocab_size);
+  }
+  if (options.mtp_window < 0) {
+    return make_error(ErrorCode::kInvalidArgument, "MTP attention window {} must not be negative",
+                      options.mtp_window);
+  }
   PD_ASSIGN_OR_RETURN(Dims d, make_dims(config));
   const int logit_rows =
       options.max_logit_rows == 0 ? options.max_rows : std::min(options.max_logit_rows, options.max_rows);
-  auto m = std::make_unique<Qwen35Moe>(config, d, backend, options.max_rows, logit_rows);
+  auto m = std::make_unique<Qwen35Moe>(config, d, backend, options.max_rows, logit_rows,
+                                       options.mtp_draft_vocab, options.mtp_window);
   PD_TRY(m->bind(weights));
   PD_TRY(m->allocate_workspace());
   return std::unique_ptr<Model>(std::move(m));

@@ -93,4 +93,21 @@ Status fill_synthetic(Backend& backend, SequenceState& state, int length, uint64
   return Status::ok();
 }
 
+Status fill_synthetic_mtp(Backend& backend, SequenceState& state, int length, uint64_t seed, int threads) {
+  if (length < 0 || length > state.capacity()) {
+    return make_error(ErrorCode::kInvalidArgument, "synthetic MTP fill: {} tokens do not fit a context of {}",
+                      length, state.capacity());
+  }
+  ThreadPool pool(threads);
+  // Streams after the main layers' (layer numbers from 4096 on).
+  for (int i = 0; i < state.spec().mtp_layers; ++i) {
+    const KvCache kv = state.mtp_kv(i);
+    PD_TRY(fill_rows(backend, pool, kv.k, length, stream(seed, 4096 + i, 0), kSyntheticKvAmplitude));
+    PD_TRY(fill_rows(backend, pool, kv.v, length, stream(seed, 4096 + i, 1), kSyntheticKvAmplitude));
+  }
+  PD_TRY(backend.synchronize());
+  state.commit_mtp(0, length);
+  return Status::ok();
+}
+
 }  // namespace pd

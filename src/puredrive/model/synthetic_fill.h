@@ -27,4 +27,9 @@ float synthetic_value(uint64_t seed, uint64_t index, float amplitude);
 // mixed from (seed, l, what); threads: 0 = hardware concurrency.
 Status fill_synthetic(Backend& backend, SequenceState& state, int length, uint64_t seed, int threads = 0);
 
+// The MTP head's caches the same way: keys and values at positions [0, length) of every MTP layer, then the
+// state's MTP length becomes `length`. For `bench --mtp-draft`, whose cycles need a head cache as long as
+// the context (its values, like all of a random-weight model's, mean nothing).
+Status fill_synthetic_mtp(Backend& backend, SequenceState& state, int length, uint64_t seed, int threads = 0);
+
 }  // namespace pd

@@ -257,16 +257,13 @@ Reply ApiService::engine_failure(const Admitted& a, const GenerationResult& r) c
 void ApiService::log_finished(const Admitted& a, int status, const GenerationResult& r,
                               std::string_view note) const {
   const GenerationStats& s = r.stats;
-  const double tps =
-      s.decode_seconds > 0 && s.completion_tokens > 1 ? (s.completion_tokens - 1) / s.decode_seconds : 0.0;
-  const double per_step =
-      s.decode_steps > 0 ? 1.0 + static_cast<double>(s.accepted_draft_tokens) / s.decode_steps : 0.0;
   PD_LOG_INFO(
       "{} {} {} finish={} prompt={} (cached {}) completion={} queue={:.3f}s prefill={:.3f}s decode={:.3f}s "
       "{:.1f} tok/s mtp={:.2f} tok/step total={:.3f}s{}{}",
       a.meta.id, a.endpoint, status, finish_reason_name(r.reason), s.prompt_tokens, s.cached_prompt_tokens,
-      s.completion_tokens, a.handle->queue_seconds(), s.prefill_seconds, s.decode_seconds, tps, per_step,
-      seconds_since(a.start), note.empty() ? "" : " ", note);
+      s.completion_tokens, a.handle->queue_seconds(), s.prefill_seconds, s.decode_seconds,
+      s.decode_tokens_per_second(), s.tokens_per_step(), seconds_since(a.start), note.empty() ? "" : " ",
+      note);
 }
 
 Reply ApiService::list_models() const {

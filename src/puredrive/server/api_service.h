@@ -82,6 +82,10 @@ class ApiService {
   Reply get_model(std::string_view id) const;
   Reply health() const;
   Reply metrics() const;
+  // The built-in web page (GET / and GET /bench) and what it shows of the server, GET /v1/puredrive/info
+  // (web_endpoint.cpp).
+  Reply web_page(std::string_view path) const;
+  Reply server_info() const;
   // An error reply, logged with its cause and counted by type; in Anthropic's shape for the Anthropic
   // endpoints (anthropic_endpoint()), else in OpenAI's.
   Reply error(const ApiError& e, std::string_view endpoint, std::string_view request_id = "") const;

@@ -34,6 +34,7 @@ Reply ApiService::chat_completions(std::string_view body, ClientConnection& clie
   g.prompt_ids = prompt.ids;
   g.sampling = req.common.sampling;
   g.logprobs = req.logprobs ? req.top_logprobs : -1;
+  g.mtp = req.common.mtp;
   auto admitted = admit(std::move(g), req.common.stop, req.common.max_tokens, kEndpoint);
   if (auto* reply = std::get_if<Reply>(&admitted)) return std::move(*reply);
   Admitted a = std::get<Admitted>(std::move(admitted));

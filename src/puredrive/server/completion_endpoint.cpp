@@ -37,6 +37,7 @@ Reply ApiService::completions(std::string_view body, ClientConnection& client) {
   }
   g.sampling = req.common.sampling;
   g.logprobs = req.logprobs;
+  g.mtp = req.common.mtp;
   auto admitted = admit(std::move(g), req.common.stop, req.common.max_tokens, kEndpoint);
   if (auto* reply = std::get_if<Reply>(&admitted)) return std::move(*reply);
   Admitted a = std::get<Admitted>(std::move(admitted));

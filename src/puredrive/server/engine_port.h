@@ -57,6 +57,9 @@ struct GenerationRequest {
   // -1: no logprobs. 0..20: the log-probability of each chosen token plus this many most likely
   // alternatives, from log_softmax of the raw logits (before temperature, penalties and filtering).
   int32_t logprobs = -1;
+  // false: plain decoding for this request, without MTP drafts (the web page's exactness replay). The output
+  // is the same either way (docs/DESIGN.md §4.3); only the speed differs.
+  bool mtp = true;
 };
 
 struct TopLogprob {
@@ -88,6 +91,17 @@ struct GenerationStats {
   int64_t decode_steps = 0;           // target forward passes after prefill: one per MTP cycle
   int64_t draft_tokens = 0;           // MTP tokens proposed
   int64_t accepted_draft_tokens = 0;  // MTP tokens accepted by verification
+  std::vector<int64_t> proposed_at;   // [j]: MTP cycles that proposed a draft at position j (0-based)
+  std::vector<int64_t> accepted_at;   // [j]: cycles whose draft at position j was accepted
+
+  // Tokens after the first (which comes out of the prefill) per second of decoding; 0 without any.
+  double decode_tokens_per_second() const {
+    return decode_seconds > 0 && completion_tokens > 1 ? (completion_tokens - 1) / decode_seconds : 0.0;
+  }
+  // Tokens per target step: 1 + accepted drafts per step (1 for plain decoding); 0 without steps.
+  double tokens_per_step() const {
+    return decode_steps > 0 ? 1.0 + static_cast<double>(accepted_draft_tokens) / decode_steps : 0.0;
+  }
 };
 
 // The engine's prefix cache after a generation (/metrics): counters since the start, what it holds now.

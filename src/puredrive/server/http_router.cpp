@@ -13,8 +13,9 @@ bool same_secret(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+// "/" itself (the web page) is exact: as a prefix it would take every path.
 bool matches(const std::string& pattern, std::string_view path) {
-  if (!pattern.empty() && pattern.back() == '/') {
+  if (pattern.size() > 1 && pattern.back() == '/') {
     return path.size() > pattern.size() && path.substr(0, pattern.size()) == pattern;
   }
   return path == pattern;
@@ -41,12 +42,17 @@ HttpRouter::HttpRouter(std::string api_key, size_t max_body_bytes, ApiService& s
        }},
       {"GET", "/health", true, [&s](const HttpRequest&, ClientConnection&) { return s.health(); }},
       {"GET", "/metrics", true, [&s](const HttpRequest&, ClientConnection&) { return s.metrics(); }},
+      {"GET", "/v1/puredrive/info", true,
+       [&s](const HttpRequest&, ClientConnection&) { return s.server_info(); }},
+      {"GET", "/", true, [&s](const HttpRequest& r, ClientConnection&) { return s.web_page(r.path); }},
+      {"GET", "/bench", true, [&s](const HttpRequest& r, ClientConnection&) { return s.web_page(r.path); }},
   };
 }
 
 std::string HttpRouter::endpoint_label(std::string_view path) {
-  for (const char* r : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                        "/v1/models", "/health", "/metrics"}) {
+  for (const char* r :
+       {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/models",
+        "/health", "/metrics", "/v1/puredrive/info", "/", "/bench"}) {
     if (path == r) return std::string(path);
   }
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";

@@ -56,7 +56,7 @@ class HttpRouter {
  private:
   struct Entry {
     std::string method;
-    std::string path;  // exact, or a prefix when it ends with '/'
+    std::string path;  // exact, or a prefix when it ends with '/' (except "/" itself)
     bool inline_ok;
     std::function<Reply(const HttpRequest&, ClientConnection&)> handler;
   };

@@ -44,9 +44,7 @@ void Metrics::on_generation(const GenerationResult& result, double queue_seconds
   prefill_seconds_ += s.prefill_seconds;
   decode_seconds_ += s.decode_seconds;
   queue_seconds_ += queue_seconds;
-  if (s.decode_seconds > 0 && s.completion_tokens > 1) {
-    last_decode_tps_ = (s.completion_tokens - 1) / s.decode_seconds;
-  }
+  if (const double tps = s.decode_tokens_per_second(); tps > 0) last_decode_tps_ = tps;
   if (result.prefix_cache) prefix_cache_ = *result.prefix_cache;
 }
 

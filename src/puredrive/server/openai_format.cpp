@@ -24,6 +24,24 @@ Json usage_json(const GenerationStats& stats) {
               {"prompt_tokens_details", {{"cached_tokens", stats.cached_prompt_tokens}}}};
 }
 
+Json puredrive_stats_json(const GenerationStats& s) {
+  Json per_position = Json::array();
+  for (size_t j = 0; j < s.proposed_at.size(); ++j) {
+    const int64_t accepted = j < s.accepted_at.size() ? s.accepted_at[j] : 0;
+    per_position.push_back(s.proposed_at[j] > 0 ? static_cast<double>(accepted) / s.proposed_at[j] : 0.0);
+  }
+  const int32_t computed = s.prompt_tokens - s.cached_prompt_tokens;
+  return Json{{"prefill_seconds", s.prefill_seconds},
+              {"prefill_tokens_per_second", s.prefill_seconds > 0 ? computed / s.prefill_seconds : 0.0},
+              {"decode_seconds", s.decode_seconds},
+              {"decode_tokens_per_second", s.decode_tokens_per_second()},
+              {"decode_steps", s.decode_steps},
+              {"draft_tokens", s.draft_tokens},
+              {"accepted_draft_tokens", s.accepted_draft_tokens},
+              {"tokens_per_step", s.tokens_per_step()},
+              {"acceptance_per_position", per_position}};
+}
+
 namespace {
 
 Json bytes_json(const std::string& s) {
@@ -116,6 +134,7 @@ Json chat_completion_json(const ResponseMeta& meta, const Json& message, const c
                                {"logprobs", logprobs ? *logprobs : Json(nullptr)},
                                {"finish_reason", reason_json(finish_reason)}}});
   j["usage"] = usage_json(stats);
+  j["puredrive"] = puredrive_stats_json(stats);
   return j;
 }
 
@@ -134,6 +153,7 @@ Json usage_chunk_json(const ResponseMeta& meta, const char* object, const Genera
   Json j = base(meta, object);
   j["choices"] = Json::array();
   j["usage"] = usage_json(stats);
+  j["puredrive"] = puredrive_stats_json(stats);
   return j;
 }
 
@@ -145,6 +165,7 @@ Json completion_json(const ResponseMeta& meta, const std::string& text, const ch
                                {"logprobs", logprobs ? *logprobs : Json(nullptr)},
                                {"finish_reason", reason_json(finish_reason)}}});
   j["usage"] = usage_json(stats);
+  j["puredrive"] = puredrive_stats_json(stats);
   return j;
 }
 

@@ -32,6 +32,10 @@ struct ResponseMeta {
 };
 
 Json usage_json(const GenerationStats& stats);
+// PureDrive's own figures of a generation, sent as "puredrive" beside "usage" (which keeps OpenAI's shape)
+// in every object that carries usage: prefill and decode speed, tokens per MTP cycle, acceptance per draft
+// position. Clients that do not know the field ignore it.
+Json puredrive_stats_json(const GenerationStats& stats);
 
 // chat: {"token", "logprob", "bytes", "top_logprobs": [...]} per token.
 Json chat_logprob_entries(const std::vector<TokenLogprob>& logprobs);

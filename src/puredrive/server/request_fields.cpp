@@ -246,6 +246,26 @@ bool read_sampling(FieldReader& f, const RequestLimits& limits, SamplingOptions*
   return read_logit_bias(f, limits.vocab_size, s);
 }
 
+// "puredrive": the server's own request options, {"mtp": false} for now. Unknown keys are refused: in our
+// own namespace a misspelt option would otherwise be ignored without a word.
+bool read_extensions(FieldReader& f, CommonFields* out) {
+  const RequestJson* ext = f.find("puredrive");
+  if (!ext) return true;
+  if (!ext->is_object()) return f.type_error("puredrive", "an object");
+  FieldReader ef(*ext, f.name("puredrive"));
+  for (const auto& [key, value] : ext->items()) {
+    if (key != "mtp") {
+      return f.fail(invalid_request(
+          fmt::format("Unknown parameter: '{}'; the known one is 'mtp'.", ef.name(echo(key).c_str())),
+          ef.name(echo(key).c_str()), "unknown_parameter"));
+    }
+  }
+  std::optional<bool> mtp;
+  if (!ef.get_bool("mtp", &mtp)) return f.fail(*ef.error());
+  out->mtp = mtp.value_or(true);
+  return true;
+}
+
 }  // namespace
 
 bool read_model(FieldReader& f, const RequestLimits& limits, std::string* out) {
@@ -342,7 +362,7 @@ bool read_common_fields(FieldReader& f, const RequestLimits& limits, CommonField
   } else if (max_tokens) {
     out->max_tokens = static_cast<int32_t>(*max_tokens);
   }
-  return read_stop(f, &out->stop) && read_sampling(f, limits, &out->sampling);
+  return read_stop(f, &out->stop) && read_sampling(f, limits, &out->sampling) && read_extensions(f, out);
 }
 
 }  // namespace pd::server

@@ -63,6 +63,7 @@ struct CommonFields {
   SamplingOptions sampling;
   std::optional<int32_t> max_tokens;
   std::vector<std::string> stop;
+  bool mtp = true;  // "puredrive": {"mtp": false} decodes without MTP drafts (same output, docs/API.md)
 };
 
 struct RequestLimits {
@@ -71,7 +72,7 @@ struct RequestLimits {
 };
 
 // model, stream, stream_options, n, temperature, top_p, top_k, min_p, penalties, seed, logit_bias, stop,
-// max_tokens / max_completion_tokens.
+// max_tokens / max_completion_tokens, puredrive.
 bool read_common_fields(FieldReader& f, const RequestLimits& limits, CommonFields* out);
 
 // The pieces that the Anthropic Messages API shares with OpenAI's:

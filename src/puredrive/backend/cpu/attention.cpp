@@ -99,8 +99,9 @@ void gated_attention(const Exec& pool, const GatedAttentionArgs& a, const float*
     }
   });
 
-  // Phase 2, per (row, KV head): softmax(q K^T * D^-1/2) V over positions [0, pos] in ascending order for
-  // each query head of the group, then the sigmoid output gate. The order depends only on the row's position.
+  // Phase 2, per (row, KV head): softmax(q K^T * D^-1/2) V over positions [first, pos] in ascending order
+  // for each query head of the group (first = 0, or the window's start), then the sigmoid output gate. The
+  // order depends only on the row's position.
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const double context = 1.0 + *a.positions.row<int32_t>(rows - 1);
   parallel_for(pool, static_cast<size_t>(rows * hkv), 2.0 * group * d * context,
@@ -111,11 +112,13 @@ void gated_attention(const Exec& pool, const GatedAttentionArgs& a, const float*
                  for (size_t item = begin; item < end; ++item) {
                    const int64_t r = static_cast<int64_t>(item) / hkv;
                    const int kvh = static_cast<int>(static_cast<int64_t>(item) % hkv);
-                   const int64_t n = int64_t{*a.positions.row<int32_t>(r)} + 1;
+                   const int64_t pos = *a.positions.row<int32_t>(r);
+                   const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+                   const int64_t n = pos - first + 1;
                    scores.assign(static_cast<size_t>(n * group), 0.0f);
                    for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
                      const int64_t cnt = std::min(kBlock, n - t0);
-                     const float* keys = load_rows(a.cache.k, t0, cnt, kvh, d, block.data());
+                     const float* keys = load_rows(a.cache.k, first + t0, cnt, kvh, d, block.data());
                      for (int g = 0; g < group; ++g) {
                        const float* qh = q.data() + (r * hq + kvh * group + g) * d;
                        for (int64_t t = 0; t < cnt; ++t)
@@ -136,7 +139,7 @@ void gated_attention(const Exec& pool, const GatedAttentionArgs& a, const float*
                    std::fill(acc.begin(), acc.end(), 0.0f);
                    for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
                      const int64_t cnt = std::min(kBlock, n - t0);
-                     const float* values = load_rows(a.cache.v, t0, cnt, kvh, d, block.data());
+                     const float* values = load_rows(a.cache.v, first + t0, cnt, kvh, d, block.data());
                      for (int g = 0; g < group; ++g) {
                        const float* sc = scores.data() + g * n + t0;
                        float* ag = acc.data() + int64_t{g} * d;

@@ -183,6 +183,9 @@ class CpuBackend final : public Backend {
                         "gated_attention: cache.k and cache.v differ in shape or dtype");
     }
     PD_TRY(check_positions("gated_attention", a.positions, rows, a.cache.k.rows));
+    if (a.window < 0) {
+      return make_error(ErrorCode::kInvalidArgument, "gated_attention: window {} is negative", a.window);
+    }
     if (a.kv_length != 0 && a.kv_length != *a.positions.row<int32_t>(rows - 1) + 1) {
       return make_error(ErrorCode::kInvalidArgument,
                         "gated_attention: kv_length {} but the last row's position is {}", a.kv_length,

@@ -228,6 +228,27 @@ __device__ __forceinline__ void fma_chunk(const RawW8& raw, const float* const x
   }
 }
 
+// The same for two matrices' chunks with one load of the activations (each accumulator sums in fma_chunk's
+// order).
+template <int FMT, int BITS, int NR, bool VEC>
+__device__ __forceinline__ void fma_chunk2(const RawW8& raw, const RawW8& raw2, const float* const xr[NR],
+                                           int64_t c, uint32_t mask, float acc[NR], float acc2[NR]) {
+  float w[8], w2[8];
+  decode8<FMT, BITS>(raw, w);
+  decode8<FMT, BITS>(raw2, w2);
+#pragma unroll
+  for (int r = 0; r < NR; ++r) {
+    if ((mask >> r) & 1u) {
+      float x[8];
+      load_x8<VEC>(xr[r] + c * 8, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[r] = fmaf(x[j], w[j], acc[r]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc2[r] = fmaf(x[j], w2[j], acc2[r]);
+    }
+  }
+}
+
 template <int FMT, int BITS, bool VEC, int NR>
 __device__ __forceinline__ void dot_rows(const DevMatrix& m, const void* data, const void* scales,
                                          const void* biases, int64_t n, const float* const xr[NR],
@@ -272,13 +293,7 @@ __device__ __forceinline__ void dot_rows2(const DevMatrix& m, const void* data, 
     for (int u = 0; u < kBatch; ++u) {
       const int64_t c = c0 + 32 * u;
       if (c >= chunks) break;
-      fma_chunk<FMT, BITS, NR, VEC>(raw[u], xr, c, mask, acc);
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int64_t c = c0 + 32 * u;
-      if (c >= chunks) break;
-      fma_chunk<FMT, BITS, NR, VEC>(raw2[u], xr, c, mask, acc2);
+      fma_chunk2<FMT, BITS, NR, VEC>(raw[u], raw2[u], xr, c, mask, acc, acc2);
     }
   }
 }
@@ -405,6 +420,16 @@ __device__ __forceinline__ void prefetch_row_l2(const DevMatrix& m, const void* 
   for (int64_t off = static_cast<int64_t>(lane) * 128; off < row_bytes; off += 32 * 128) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + off));
   }
+}
+
+// Resident blocks of a kernel on the device (the persistent grid).
+template <typename K>
+inline unsigned resident_blocks(K kernel) {
+  int dev = 0, sms = 132, per = 1;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, kBlock, 0);
+  return static_cast<unsigned>(sms * (per > 0 ? per : 1));
 }
 
 inline unsigned grid_for(int64_t n, int block) {

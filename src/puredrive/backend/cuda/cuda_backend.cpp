@@ -334,6 +334,7 @@ class CudaBackend final : public Backend {
     }
     PD_CUDA_TRY(cudaMemcpy2DAsync(dst.data, static_cast<size_t>(dst.stride) * esize, src, width, width,
                                   static_cast<size_t>(dst.rows), cudaMemcpyHostToDevice, stream_));
+    ++stats_.host_waits;
     PD_CUDA_TRY(cudaStreamSynchronize(stream_));
     return take_error();
   }
@@ -346,6 +347,7 @@ class CudaBackend final : public Backend {
     if (width * static_cast<size_t>(src.rows) == 0) return take_error();
     PD_CUDA_TRY(cudaMemcpy2DAsync(dst, width, src.data, static_cast<size_t>(src.stride) * esize, width,
                                   static_cast<size_t>(src.rows), cudaMemcpyDeviceToHost, stream_));
+    ++stats_.host_waits;
     PD_CUDA_TRY(cudaStreamSynchronize(stream_));
     if (!recording()) release_retired();
     return take_error();
@@ -397,6 +399,7 @@ class CudaBackend final : public Backend {
 
   Status synchronize() override {
     PD_TRY(flush_for_host());
+    ++stats_.host_waits;
     PD_CUDA_TRY(cudaStreamSynchronize(stream_));
     if (!recording()) release_retired();
     return take_error();
@@ -414,7 +417,15 @@ class CudaBackend final : public Backend {
     if (step_depth_++ > 0) return Status::ok();
     uploader_->release();  // weights are bound before the first step: free the upload threads and buffers
     // Staging is reused by every step: the previous step's copies must have read it.
-    if (step_recorded_) PD_CUDA_TRY(cudaEventSynchronize(step_done_));
+    const cudaError_t done = step_recorded_ ? cudaEventQuery(step_done_) : cudaSuccess;
+    if (done == cudaErrorNotReady) {
+      // Not an error: keep it from looking like a failed launch to the next cudaGetLastError().
+      if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+      ++stats_.host_waits;
+      PD_CUDA_TRY(cudaEventSynchronize(step_done_));
+    } else if (done != cudaSuccess) {
+      return cuda_error(done, "cudaEventQuery");
+    }
     if (graph_timed_) {
       float ms = 0;
       if (cudaEventElapsedTime(&ms, graph_start_, graph_end_) == cudaSuccess) {
@@ -429,6 +440,7 @@ class CudaBackend final : public Backend {
     sig_.start();
     pending_.clear();
     step_eager_ = false;
+    step_moved_buffers_ = false;
     return Status::ok();
   }
 
@@ -763,7 +775,9 @@ class CudaBackend final : public Backend {
     if (pending_.empty()) return Status::ok();
     std::vector<Launch> ops = std::move(pending_);
     pending_.clear();
-    if (!graphs_enabled_) {
+    // Ops recorded before a scratch or staging buffer moved hold its old address, which is freed after this
+    // step: such a graph must not be replayed, so the step runs eagerly (its next recording is cached).
+    if (!graphs_enabled_ || step_moved_buffers_) {
       for (Launch& fn : ops) {
         fn(stream_);
         note_error(cudaGetLastError(), "kernel launch");
@@ -822,6 +836,7 @@ class CudaBackend final : public Backend {
       staging_ = static_cast<uint8_t*>(p);
       staging_used_ = 0;
       clear_graphs();
+      if (recording()) step_moved_buffers_ = true;
     }
     uint8_t* out = staging_ + staging_used_;
     staging_used_ = round_up(static_cast<int64_t>(staging_used_ + bytes), 16);
@@ -843,6 +858,7 @@ class CudaBackend final : public Backend {
       s.ptr = p;
       s.bytes = bytes;
       clear_graphs();
+      if (recording()) step_moved_buffers_ = true;
     }
     return s.ptr;
   }
@@ -1019,6 +1035,7 @@ class CudaBackend final : public Backend {
   // Step recording.
   int step_depth_ = 0;
   bool step_eager_ = false;
+  bool step_moved_buffers_ = false;  // a scratch or staging buffer was replaced while recording
   bool step_recorded_ = false;
   Signature sig_;
   std::vector<Launch> pending_;
@@ -1110,6 +1127,12 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
         "gated_attention: the CUDA kernels need a head dim that is a multiple of 8 and at most 1024 and "
         "at most {} query heads per KV head (got head dim {}, {} heads per KV head)",
         cuda::kMaxGroup, d.head_dim, d.num_heads / d.num_kv_heads);
+  }
+  if (a.window != 0) {
+    return make_error(ErrorCode::kUnsupported,
+                      "gated_attention: a window of {} positions asked; the CUDA attention kernels attend "
+                      "every cached position (the MTP attention window runs on the CPU backend only)",
+                      a.window);
   }
   const int64_t rows = a.qg.rows;
   const int64_t q_width = int64_t{d.num_heads} * d.head_dim;

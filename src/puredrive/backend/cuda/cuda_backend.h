@@ -37,6 +37,9 @@ struct CudaStepStats {
   double record_seconds = 0;
   int64_t timed_graphs = 0;
   double graph_seconds = 0;
+  // Times the host waited for the device: download(), synchronize(), upload() outside a step, and a
+  // begin_step() whose previous step was still running (its staged uploads are reused).
+  int64_t host_waits = 0;
 };
 
 // Device time of ops run eagerly while profiling is on (events around each op, a synchronisation after each:

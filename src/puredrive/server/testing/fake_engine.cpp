@@ -207,7 +207,8 @@ GenerationResult FakeEngine::generate(const GenerationRequest& request, Generati
       break;
     }
     // One "MTP cycle": the first token comes from prefill, later cycles emit up to mtp_draft + 1 tokens.
-    const size_t cycle = first ? 1 : static_cast<size_t>(options_.mtp_draft) + 1;
+    const int32_t k = request.mtp ? options_.mtp_draft : 0;
+    const size_t cycle = first ? 1 : static_cast<size_t>(k) + 1;
     GenerationOutput out;
     bool done = false;
     for (size_t i = 0; i < cycle && next < tokens.size() && !done; ++i) {
@@ -230,10 +231,19 @@ GenerationResult FakeEngine::generate(const GenerationRequest& request, Generati
       }
     }
     if (!first) {
-      ++result.stats.decode_steps;
-      result.stats.draft_tokens += options_.mtp_draft;
-      result.stats.accepted_draft_tokens +=
-          static_cast<int64_t>(std::max<size_t>(out.token_ids.size(), 1) - 1);
+      GenerationStats& st = result.stats;
+      const auto accepted = static_cast<int64_t>(std::max<size_t>(out.token_ids.size(), 1) - 1);
+      ++st.decode_steps;
+      st.draft_tokens += k;
+      st.accepted_draft_tokens += accepted;
+      if (k > 0) {
+        st.proposed_at.resize(static_cast<size_t>(k));
+        st.accepted_at.resize(static_cast<size_t>(k));
+        for (int32_t j = 0; j < k; ++j) {
+          ++st.proposed_at[static_cast<size_t>(j)];
+          if (j < accepted) ++st.accepted_at[static_cast<size_t>(j)];
+        }
+      }
     }
     first = false;
     // Bytes of a character cut off by the end of generation are dropped, never sent as invalid UTF-8.
