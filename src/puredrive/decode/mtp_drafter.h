@@ -8,9 +8,9 @@
 // speculative KV entries at positions n..n+k-2; the next cycle's observe() overwrites them with the
 // committed rows. The drafts are drawn on the device and stay there (DeviceSampler::queue_draft): the chained
 // steps and the verify step read them from the sampler's drafts, so drafting never waits for the host. A
-// prefix cache copies the head's rows at its snapshot points (commit() runs the pending rows but the last) and
-// puts them back on a hit (resume() at the restored position, then the cached hidden state is observed as the
-// pending row).
+// prefix cache copies the head's rows at its snapshot points (commit() runs the pending rows but the last)
+// and puts them back on a hit (resume() at the restored position, then the cached hidden state is observed as
+// the pending row).
 #pragma once
 
 #include <vector>
