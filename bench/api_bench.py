@@ -49,8 +49,10 @@ class Server:
     def __init__(self, args, mtp_draft: int, ctx_size: int, log_dir: str):
         self.log_path = os.path.join(log_dir, f"serve-mtp{mtp_draft}.log")
         self.log = open(self.log_path, "w")
+        # Measured runs get no prefix-cache hits (docs/DESIGN.md §7): longer contexts start with the shorter ones' text.
         cmd = [args.bin, "serve", "--model", args.model, "--port", "0", "--backend", args.backend,
-               "--mtp-draft", str(mtp_draft), "--ctx-size", str(ctx_size), "--model-alias", "bench"]
+               "--mtp-draft", str(mtp_draft), "--ctx-size", str(ctx_size), "--model-alias", "bench",
+               "--prefix-cache", "off"]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         t0 = time.monotonic()

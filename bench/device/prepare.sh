@@ -12,7 +12,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${PD_DEVICE_BUILD:-$root/build/h9}
 bundle=$root/build/device-bundle
-targets=(puredrive_device cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests cuda_generator_tests)
+targets=(puredrive_device cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests cuda_generator_tests
+         cuda_prefix_cache_tests)
 # PD_WITH_CHECK=1: also `puredrive check` (the puredrive_check binary, no server), for the fixtures (run.sh).
 [ "${PD_WITH_CHECK:-0}" = 1 ] && targets+=(puredrive_check)
 [ "${PD_WITH_SERVE:-0}" = 1 ] && targets+=(puredrive)
@@ -29,7 +30,7 @@ rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
 cp "$build/bin/puredrive_device" "$bundle/bin/"
 cp "$build/tests/cuda/cuda_ops_tests" "$build/tests/cuda/cuda_model_tests" "$build/tests/cuda/cuda_sampling_tests" "$build/tests/cuda/cuda_upload_tests" \
-  "$build/tests/cuda/cuda_generator_tests" "$bundle/bin/"
+  "$build/tests/cuda/cuda_generator_tests" "$build/tests/cuda/cuda_prefix_cache_tests" "$bundle/bin/"
 [ "${PD_WITH_CHECK:-0}" = 1 ] && cp "$build/bin/puredrive_check" "$bundle/bin/"
 [ "${PD_WITH_SERVE:-0}" = 1 ] && cp "$build/bin/puredrive" "$bundle/bin/"
 strip --strip-unneeded "$bundle"/bin/*

@@ -104,6 +104,7 @@ run_phase "cuda_ops_tests" 150 "$bin/cuda_ops_tests"
 run_phase "cuda_model_tests" 150 "$bin/cuda_model_tests"
 run_phase "cuda_sampling_tests" 150 "$bin/cuda_sampling_tests"
 [ -x "$bin/cuda_generator_tests" ] && run_phase "cuda_generator_tests" 150 "$bin/cuda_generator_tests"
+[ -x "$bin/cuda_prefix_cache_tests" ] && run_phase "cuda_prefix_cache_tests" 150 "$bin/cuda_prefix_cache_tests"
 
 # Synthetic weights generated on the device equal the host-materialised ones: same greedy tokens on CUDA and CPU.
 for q in bf16 q6; do

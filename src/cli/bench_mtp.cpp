@@ -257,7 +257,7 @@ nlohmann::json run_mtp_cell(const BenchArgs& a, Model& m, const SynthModel& sm, 
     }
     check(r.finish());
   }
-  const DeviceCounters p1 = counters(be);
+  [[maybe_unused]] const DeviceCounters p1 = counters(be);  // read only with CUDA
   const std::vector<int32_t> future(seq.begin() + prompt_length, seq.end());
   const double plain_s = plain.total(0) / static_cast<double>(a.tokens - kPlainWarmup);
 

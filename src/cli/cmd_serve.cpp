@@ -43,6 +43,9 @@ struct ServeArgs {
   int mtp_draft = 2;
   int mtp_draft_vocab = 0, mtp_window = 0;
   int prefill_chunk = kDefaultPrefillChunk;
+  std::string prefix_cache = "on";
+  int prefix_cache_mib = -1;  // -1: from the memory free after loading
+  int prefix_cache_host_mib = -1;
   int max_queue = 32;
   std::string backend = "auto";
   int threads = 0;
@@ -97,6 +100,31 @@ T take(Expected<T> e) {
   return std::move(e).value();
 }
 
+// The prefix cache's budgets: as given, or a quarter of the backend memory free after loading (at most 8 GiB)
+// and, on a GPU, a quarter of the host's available memory (at most 16 GiB) for what the GPU tier evicts; the
+// CPU backend's own tier is host memory already, so it gets no second one.
+void enable_prefix_cache(const ServeArgs& a, ModelSession& m) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  int64_t device = int64_t{a.prefix_cache_mib} * kMiB;
+  if (a.prefix_cache_mib < 0) device = std::min(int64_t{8} << 30, m.backend->available_memory() / 4);
+  int64_t host = int64_t{a.prefix_cache_host_mib} * kMiB;
+  if (a.prefix_cache_host_mib < 0) {
+    const Expected<int64_t> available = available_memory_bytes();
+    host =
+        m.backend->device() == Device::kCpu || !available ? 0 : std::min(int64_t{16} << 30, *available / 4);
+  }
+  const Status s = m.generator->enable_prefix_cache({.device_budget = device, .host_budget = host});
+  if (!s.is_ok()) fail(fmt::format("{} (see --prefill-chunk, or --prefix-cache off)", s.message()));
+  const PrefixCache& c = *m.generator->prefix_cache();
+  PD_LOG_INFO(
+      "prefix cache: {} of {} memory, {} of host memory for what it evicts; a block of {} tokens "
+      "takes {}, a state snapshot {}",
+      format_bytes(static_cast<double>(device)), m.backend->device() == Device::kCpu ? "CPU" : "GPU",
+      format_bytes(static_cast<double>(host)), kPrefixBlock,
+      format_bytes(static_cast<double>(c.block_bytes())),
+      format_bytes(static_cast<double>(c.snapshot_bytes())));
+}
+
 Served load_model(const ServeArgs& a) {
   Served s;
   s.session = take(ModelSession::open({.model_dir = a.model,
@@ -113,6 +141,7 @@ Served load_model(const ServeArgs& a) {
   if (a.mtp_draft > 0 && !m.generator->has_drafter()) {
     PD_LOG_WARN("{} has no MTP head: decoding without speculation", a.model);
   }
+  if (a.prefix_cache == "on") enable_prefix_cache(a, m);
   const int32_t vocab = m.checkpoint.config.vocab_size;
   if (!m.tokenizer) fail(fmt::format("{}: tokenizer.json is missing", a.model));
   auto prompts =
@@ -293,6 +322,21 @@ void setup_serve(CLI::App& app) {
          "Prompt rows per prefill step (bounds the step workspaces; a cancelled request stops between "
          "chunks)")
       ->check(CLI::Range(1, kMaxPrefillChunk))
+      ->capture_default_str();
+  cmd->add_option("--prefix-cache", args->prefix_cache,
+                  "Reuse the cached state of earlier prompts' prefixes (exact: outputs do not change)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--prefix-cache-mib", args->prefix_cache_mib,
+                  "Prefix-cache budget in backend memory (GPU memory, or RAM on the CPU backend), MiB; -1: a "
+                  "quarter of what is free after loading, at most 8 GiB")
+      ->check(CLI::Range(-1, 1 << 30))
+      ->capture_default_str();
+  cmd->add_option(
+         "--prefix-cache-host-mib", args->prefix_cache_host_mib,
+         "Prefix-cache budget in host memory for what the GPU tier evicts, MiB; -1: a quarter of the "
+         "available RAM, at most 16 GiB, with a GPU backend (0 on the CPU backend)")
+      ->check(CLI::Range(-1, 1 << 30))
       ->capture_default_str();
   cmd->add_option("--max-queue", args->max_queue, "Requests that may wait for the engine; more get 503")
       ->capture_default_str();

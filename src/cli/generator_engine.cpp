@@ -81,6 +81,19 @@ GenerationResult GeneratorEngine::generate(const GenerationRequest& request, Gen
   };
 
   Expected<DecodeResult> r = generator_->generate(req, on_chunk);
+  if (const PrefixCache* cache = generator_->prefix_cache()) {
+    const PrefixCacheStats& c = cache->stats();
+    result.prefix_cache = server::PrefixCacheInfo{.lookups = c.lookups,
+                                                  .hits = c.hits,
+                                                  .evictions = c.evictions,
+                                                  .demotions = c.demotions,
+                                                  .device_bytes = c.device_bytes,
+                                                  .host_bytes = c.host_bytes,
+                                                  .device_budget = c.device_budget,
+                                                  .host_budget = c.host_budget,
+                                                  .blocks = c.blocks,
+                                                  .snapshots = c.snapshots};
+  }
   if (!r) {
     result.reason = FinishReason::kError;
     result.error = r.status().message();
@@ -95,6 +108,7 @@ GenerationResult GeneratorEngine::generate(const GenerationRequest& request, Gen
   }
   GenerationStats& st = result.stats;
   st.completion_tokens = static_cast<int32_t>(r->tokens.size());
+  st.cached_prompt_tokens = r->cached_tokens;
   st.prefill_seconds = r->prefill_seconds;
   st.decode_seconds = r->decode_seconds;
   st.decode_steps = r->steps;

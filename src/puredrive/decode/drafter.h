@@ -59,6 +59,19 @@ class Drafter {
   virtual ~Drafter() = default;
   // A new sequence starts (drops whatever was observed).
   virtual void reset() = 0;
+  // A new sequence starts whose first `position` rows the drafter has in the state already (a prefix-cache
+  // hit restored the MTP head's KV rows): observing continues at `position`.
+  virtual Status resume(int position) {
+    (void)position;
+    reset();
+    return Status::ok();
+  }
+  // Puts every observed row but the last into the state (the MTP head's KV rows), so that a prefix cache can
+  // copy them; the last row stays for the next draft.
+  virtual Status commit(SequenceState& state) {
+    (void)state;
+    return Status::ok();
+  }
   virtual Status observe(SequenceState& state, int first, std::span<const int32_t> next_tokens,
                          const Tensor& hidden) = 0;
   virtual bool can_draft(int64_t position) const = 0;

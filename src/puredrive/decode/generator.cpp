@@ -111,6 +111,12 @@ class Generator::Run {
         drafter_(r.num_draft == 0       ? nullptr
                  : r.drafter != nullptr ? r.drafter
                                         : g.drafter_.get()),
+        cache_(g.prefix_cache_ && r.prefix_cache && r.drafter == nullptr &&
+                       g.prefix_cache_->mtp() == g.mtp_drafter_
+                   ? g.prefix_cache_.get()
+                   : nullptr),
+        // With a cache, plain requests run the MTP head over the prompt too, so that its blocks are whole.
+        observer_(drafter_ != nullptr || cache_ == nullptr ? drafter_ : g.drafter_.get()),
         runner_(g.model_, g.state_, *g.sampler_, drafter_, draft_rng_, accept_rng_,
                 {.verifier = verifier_,
                  .seed = r.sampling.seed.value_or(0),
@@ -123,7 +129,7 @@ class Generator::Run {
   Expected<DecodeResult> run() {
     SequenceState& st = g_.state_;
     PD_TRY(st.reset());
-    if (drafter_) drafter_->reset();
+    if (observer_) observer_->reset();
     PD_TRY(sampler_.begin(r_.sampling, draft_params_, r_.prompt));
     seq_ = r_.prompt;
     const auto t0 = Clock::now();
@@ -169,27 +175,62 @@ class Generator::Run {
 
   // All prompt tokens but the last, in chunks of the model's max rows on the backend's prefill kernels
   // (ForwardOptions::prefill); the drafter observes every row (its next token is known). Cancellation is
-  // checked between chunks.
+  // checked between chunks. With a prefix cache the prefill starts where the cached prefix ends, and chunks
+  // also end where the prompt leaves the cached chain and at its last block boundary, where the cache takes
+  // snapshots: every chunk still starts on a multiple of 64 positions (chunking invariance, docs/DESIGN.md
+  // §4.6).
   Status prefill() {
     SequenceState& st = g_.state_;
-    const int count = static_cast<int>(r_.prompt.size()) - 1;
+    const std::span<const int32_t> prompt(r_.prompt);
+    const int count = static_cast<int>(prompt.size()) - 1;
     const int chunk = g_.model_.max_rows();
+    int begin = 0;
+    int stops[2] = {0, 0};
+    if (cache_ && count >= kPrefixBlock) {
+      const PrefixMatch m = cache_->lookup(prompt.first(static_cast<size_t>(count)));
+      if (m.resume > 0) PD_TRY(resume(m.resume));
+      begin = m.resume;
+      stops[0] = m.matched;
+      stops[1] = count / kPrefixBlock * kPrefixBlock;
+    }
     std::vector<int32_t> positions;
-    for (int begin = 0; begin < count; begin += chunk) {
+    while (begin < count) {
       if (r_.cancelled && r_.cancelled()) return Status::ok();  // run() sees it next
-      const int rows = std::min(chunk, count - begin);
+      int end = std::min(begin + chunk, count);
+      for (const int s : stops) {
+        if (s > begin && s < end) end = s;
+      }
+      const int rows = end - begin;
       positions.resize(static_cast<size_t>(rows));
       std::iota(positions.begin(), positions.end(), begin);
-      const std::span<const int32_t> tokens = std::span(r_.prompt).subspan(static_cast<size_t>(begin), rows);
+      const std::span<const int32_t> tokens = prompt.subspan(static_cast<size_t>(begin), rows);
       PD_ASSIGN_OR_RETURN(
           StepOutput out,
           g_.model_.forward(st, tokens, positions, {.logits = LogitRows::kNone, .tap = {}, .prefill = true}));
-      if (drafter_) {
-        PD_TRY(drafter_->observe(
-            st, begin, std::span(r_.prompt).subspan(static_cast<size_t>(begin) + 1, rows), out.hidden));
+      if (observer_) {
+        PD_TRY(
+            observer_->observe(st, begin, prompt.subspan(static_cast<size_t>(begin) + 1, rows), out.hidden));
       }
+      if (cache_ && end % kPrefixBlock == 0) {
+        if (observer_) PD_TRY(observer_->commit(st));
+        PD_TRY(cache_->store(st, prompt, end, out.hidden.row_slice(rows - 1, 1)));
+      }
+      begin = end;
     }
     return Status::ok();
+  }
+
+  // Starts from the cached state after the prompt's first `length` tokens; the MTP head's row length - 1
+  // (the cached hidden state and the token at `length`) waits for the next flush, as in a cold prefill.
+  Status resume(int length) {
+    SequenceState& st = g_.state_;
+    const std::span<const int32_t> prompt(r_.prompt);
+    PD_ASSIGN_OR_RETURN(const Tensor hidden, cache_->restore(st, prompt, length));
+    result_.cached_tokens = length;
+    if (observer_ == nullptr) return Status::ok();
+    PD_TRY(observer_->resume(length - 1));
+    if (hidden.empty()) return Status::ok();
+    return observer_->observe(st, length - 1, prompt.subspan(static_cast<size_t>(length), 1), hidden);
   }
 
   // One step or cycle through the runner, then the emitted tokens (a stop may cut them short) and what
@@ -256,7 +297,9 @@ class Generator::Run {
   Rng draft_rng_;
   Rng accept_rng_;
   Verifier verifier_;
-  Drafter* drafter_;  // may be null: plain decoding only
+  Drafter* drafter_;    // may be null: plain decoding only
+  PrefixCache* cache_;  // may be null: no prefix cache for this request
+  Drafter* observer_;   // observes the prompt: drafter_, or the MTP drafter for the cache's blocks
   CycleRunner runner_;
   SamplingParams draft_params_;
 
@@ -292,8 +335,23 @@ Expected<std::unique_ptr<Generator>> Generator::create(Model& model, const Gener
   if (options.mtp && model.has_mtp() && options.max_draft > 0) {
     PD_ASSIGN_OR_RETURN(std::unique_ptr<MtpDrafter> d, MtpDrafter::create(model));
     g->drafter_ = std::move(d);
+    g->mtp_drafter_ = true;
   }
   return g;
+}
+
+Status Generator::enable_prefix_cache(PrefixCacheOptions options) {
+  if (model_.max_rows() % kPrefixBlock != 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the prefix cache needs prefill chunks of a multiple of {} rows (the blocks it resumes "
+                      "at); the model takes {}",
+                      kPrefixBlock, model_.max_rows());
+  }
+  options.mtp = mtp_drafter_;
+  PD_ASSIGN_OR_RETURN(prefix_cache_,
+                      PrefixCache::create(model_.backend(), model_.cache_spec(), options_.kv_dtype,
+                                          model_.config().hidden_size, options));
+  return Status::ok();
 }
 
 Expected<DecodeResult> Generator::generate(const DecodeRequest& request, const ChunkSink& sink) {

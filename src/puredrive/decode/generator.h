@@ -43,6 +43,7 @@
 #include "puredrive/decode/sampler.h"
 #include "puredrive/decode/sampling_params.h"
 #include "puredrive/model/model.h"
+#include "puredrive/model/prefix_cache.h"
 #include "puredrive/util/finish_reason.h"
 
 namespace pd {
@@ -77,6 +78,7 @@ struct DecodeRequest {
   std::optional<Verifier> verifier;  // overrides the rule's verifier (testonly faulty rules)
   Drafter* drafter = nullptr;        // overrides the generator's drafter for this request (tests, check)
   std::function<bool()> cancelled;   // polled between prefill chunks and steps
+  bool prefix_cache = true;          // use the generator's prefix cache, when it has one
 };
 
 // What one step emitted (1 token for a plain step, a + 1 for a cycle, fewer when a stop cut it).
@@ -99,6 +101,7 @@ struct DecodeResult {
   double decode_seconds = 0;   // everything after the prefill
   double target_seconds = 0;   // target steps (plain and verify)
   double sample_seconds = 0;   // the sample op: processing, draws and acceptance, and its download
+  int cached_tokens = 0;       // prompt tokens restored from the prefix cache instead of prefilled
 
   // "... tokens/cycle 2.31, accepted 71.2% (per position 88.0% 69.1%), ... decode 1.2 s (draft 12%,
   // verify 60%, plain steps 20%, sample 5%)"; with DecodeRequest::timing the shares are separate.
@@ -109,9 +112,22 @@ class Generator {
  public:
   static Expected<std::unique_ptr<Generator>> create(Model& model, const GeneratorOptions& options);
 
-  // Replaces the drafter (tests: scripted drafters); nullptr leaves plain decoding only.
-  void set_drafter(std::unique_ptr<Drafter> drafter) { drafter_ = std::move(drafter); }
+  // Replaces the drafter (tests: scripted drafters); nullptr leaves plain decoding only. Requests then bypass
+  // the prefix cache, whose blocks carry the MTP head's rows.
+  void set_drafter(std::unique_ptr<Drafter> drafter) {
+    drafter_ = std::move(drafter);
+    mtp_drafter_ = false;
+  }
   bool has_drafter() const { return drafter_ != nullptr; }
+
+  // Attaches a prefix cache with these budgets (options.mtp is set when the generator drafts with the MTP
+  // head). A request then resumes from the longest cached prefix of its prompt and stores the blocks it
+  // prefills, with snapshots at every prefill chunk's end, at the block where the prompt left the cached
+  // chain and at the prompt's last block boundary; prefill chunks split at those points. Needs prefill chunks
+  // (the model's max rows) that are a multiple of kPrefixBlock. Outputs are bitwise those without the cache
+  // (docs/DESIGN.md §4.8). Requests with their own drafter bypass it.
+  Status enable_prefix_cache(PrefixCacheOptions options);
+  PrefixCache* prefix_cache() const { return prefix_cache_.get(); }
 
   // Runs one request from an empty sequence. Bad requests (ids out of range, invalid sampling, k too large,
   // a rule that does not fit the sampling) are kInvalidArgument; model errors are passed on.
@@ -131,7 +147,9 @@ class Generator {
   GeneratorOptions options_;
   SequenceState state_;
   std::unique_ptr<Drafter> drafter_;
+  bool mtp_drafter_ = false;  // drafter_ is the MTP head's
   std::unique_ptr<DeviceSampler> sampler_;
+  std::unique_ptr<PrefixCache> prefix_cache_;
 };
 
 }  // namespace pd

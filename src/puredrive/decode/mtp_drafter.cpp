@@ -21,6 +21,14 @@ void MtpDrafter::reset() {
   observed_end_ = 0;
 }
 
+Status MtpDrafter::commit(SequenceState& state) {
+  const auto n = static_cast<int>(pending_tokens_.size());
+  if (n <= 1) return Status::ok();
+  PD_ASSIGN_OR_RETURN(StepOutput out, flush(state, LogitRows::kNone, /*keep_last=*/true));
+  (void)out;
+  return Status::ok();
+}
+
 Status MtpDrafter::observe(SequenceState& state, int first, std::span<const int32_t> next_tokens,
                            const Tensor& hidden) {
   const auto rows = static_cast<int>(next_tokens.size());
@@ -48,16 +56,21 @@ bool MtpDrafter::can_draft(int64_t position) const {
   return !pending_tokens_.empty() && observed_end_ == position;
 }
 
-Expected<StepOutput> MtpDrafter::flush(SequenceState& state, LogitRows logits) {
-  const auto n = static_cast<int>(pending_tokens_.size());
+Expected<StepOutput> MtpDrafter::flush(SequenceState& state, LogitRows logits, bool keep_last) {
+  const auto pending = static_cast<int>(pending_tokens_.size());
+  const int n = keep_last ? pending - 1 : pending;
   std::vector<int32_t> positions(static_cast<size_t>(n));
   std::iota(positions.begin(), positions.end(), pending_first_);
   // Entries after the first pending row are stale drafts of an earlier cycle (or another sequence).
   state.truncate_mtp(pending_first_);
   PD_ASSIGN_OR_RETURN(StepOutput out,
-                      model_.mtp_forward(state, pending_tokens_, positions, pending_hidden_.row_slice(0, n),
-                                         {.logits = logits, .tap = {}}));
-  pending_tokens_.clear();
+                      model_.mtp_forward(state, std::span(pending_tokens_).first(n), positions,
+                                         pending_hidden_.row_slice(0, n), {.logits = logits, .tap = {}}));
+  // The row kept moves to the front (a row does not depend on the step it runs in: row-exact).
+  if (keep_last)
+    PD_TRY(model_.backend().copy(pending_hidden_.row_slice(0, 1), pending_hidden_.row_slice(n, 1)));
+  pending_tokens_.erase(pending_tokens_.begin(), pending_tokens_.begin() + n);
+  pending_first_ += n;
   return out;
 }
 

@@ -7,7 +7,10 @@
 // output (token d_{j-1}, the previous post-mtp.norm hidden, position n+j-2). The chained rows write
 // speculative KV entries at positions n..n+k-2; the next cycle's observe() overwrites them with the
 // committed rows. The drafts are drawn on the device and stay there (DeviceSampler::queue_draft): the chained
-// steps and the verify step read them from the sampler's drafts, so drafting never waits for the host.
+// steps and the verify step read them from the sampler's drafts, so drafting never waits for the host. A
+// prefix cache copies the head's rows at its snapshot points (commit() runs the pending rows but the last)
+// and puts them back on a hit (resume() at the restored position, then the cached hidden state is observed as
+// the pending row).
 #pragma once
 
 #include <vector>
@@ -22,19 +25,21 @@ class MtpDrafter : public Drafter {
   static Expected<std::unique_ptr<MtpDrafter>> create(Model& model);
 
   void reset() override;
+  Status commit(SequenceState& state) override;
   Status observe(SequenceState& state, int first, std::span<const int32_t> next_tokens,
                  const Tensor& hidden) override;
   bool can_draft(int64_t position) const override;
   Status draft(SequenceState& state, const DraftContext& ctx, DraftBlock* out) override;
-  // Continues a sequence whose head cache already holds positions [0, position) (a synthetic fill, `bench`):
-  // the next observe() starts at `position`.
-  Status resume(int position);
+  // Continues a sequence whose head cache already holds positions [0, position) (a synthetic fill, `bench`; a
+  // prefix-cache hit): the next observe() starts at `position` (>= 1).
+  Status resume(int position) override;
 
  private:
   MtpDrafter(Model& model, Buffer pending_hidden)
       : model_(model), pending_hidden_(std::move(pending_hidden)) {}
-  // Runs the pending rows through the head; returns the step output (logits of the last row when asked).
-  Expected<StepOutput> flush(SequenceState& state, LogitRows logits);
+  // Runs the pending rows through the head, or all but the last (keep_last, at least 2 pending); returns the
+  // step output (logits of the last row run when asked).
+  Expected<StepOutput> flush(SequenceState& state, LogitRows logits, bool keep_last = false);
 
   Model& model_;
   Buffer pending_hidden_;  // F32 [max_rows, H]: hidden states of the pending rows

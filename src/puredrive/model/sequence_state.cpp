@@ -156,4 +156,18 @@ Status SequenceState::reset() {
   return Status::ok();
 }
 
+Status SequenceState::resume_at(int length, int mtp_length) {
+  if (length < 0 || length > capacity() || mtp_length < 0 || mtp_length > length) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "resume at {} tokens ({} MTP rows): the context holds {} and the MTP rows at most {}",
+                      length, mtp_length, capacity(), length);
+  }
+  length_ = length;
+  mtp_length_ = spec_.mtp_layers > 0 ? mtp_length : 0;
+  step_begin_ = length;
+  step_rows_ = 0;
+  step_snapshots_ = false;
+  return Status::ok();
+}
+
 }  // namespace pd

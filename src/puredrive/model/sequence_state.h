@@ -59,6 +59,10 @@ class SequenceState {
   void truncate_mtp(int n);
   // An empty sequence: length 0, GDN states zeroed.
   Status reset();
+  // A sequence whose caches were filled from outside for positions [0, length) (a prefix-cache hit,
+  // model/prefix_cache.h): KV rows, GDN states after `length`, and the MTP head's rows [0, mtp_length).
+  // It continues at `length`; there is no step to rewind into.
+  Status resume_at(int length, int mtp_length);
 
   // ---- For model code ----
   const CacheSpec& spec() const { return spec_; }

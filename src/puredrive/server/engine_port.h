@@ -104,10 +104,25 @@ struct GenerationStats {
   }
 };
 
+// The engine's prefix cache after a generation (/metrics): counters since the start, what it holds now.
+struct PrefixCacheInfo {
+  int64_t lookups = 0;
+  int64_t hits = 0;       // lookups that resumed from a cached prefix
+  int64_t evictions = 0;  // blocks and snapshots dropped for room
+  int64_t demotions = 0;  // blocks and snapshots moved from device to host memory for room
+  int64_t device_bytes = 0;
+  int64_t host_bytes = 0;
+  int64_t device_budget = 0;
+  int64_t host_budget = 0;
+  int64_t blocks = 0;
+  int64_t snapshots = 0;
+};
+
 struct GenerationResult {
   FinishReason reason = FinishReason::kStop;
   GenerationStats stats;
-  std::string error;  // kError only: what went wrong, for the log and the client
+  std::optional<PrefixCacheInfo> prefix_cache;  // set by engines with a prefix cache
+  std::string error;                            // kError only: what went wrong, for the log and the client
   // Set by the scheduler, not the engine: the request's stop string that ended the generation, if one did
   // (Anthropic's API reports it).
   std::optional<std::string> stop_string;

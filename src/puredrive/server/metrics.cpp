@@ -45,6 +45,7 @@ void Metrics::on_generation(const GenerationResult& result, double queue_seconds
   decode_seconds_ += s.decode_seconds;
   queue_seconds_ += queue_seconds;
   if (const double tps = s.decode_tokens_per_second(); tps > 0) last_decode_tps_ = tps;
+  if (result.prefix_cache) prefix_cache_ = *result.prefix_cache;
 }
 
 std::string Metrics::render(const QueueGauges& queue) const {
@@ -71,7 +72,7 @@ std::string Metrics::render(const QueueGauges& queue) const {
   header(out, "puredrive_prompt_tokens_total", "counter", "Prompt tokens of finished generations.");
   sample(out, "puredrive_prompt_tokens_total", prompt_tokens_);
   header(out, "puredrive_cached_prompt_tokens_total", "counter",
-         "Prompt tokens served from the prefix cache.");
+         "Prompt tokens served from the prefix cache (its hit tokens).");
   sample(out, "puredrive_cached_prompt_tokens_total", cached_prompt_tokens_);
   header(out, "puredrive_generation_tokens_total", "counter", "Generated (sampled) tokens.");
   sample(out, "puredrive_generation_tokens_total", completion_tokens_);
@@ -93,6 +94,30 @@ std::string Metrics::render(const QueueGauges& queue) const {
          "Tokens emitted per decode step: 1 + accepted draft tokens / decode steps, over all generations.");
   sample(out, "puredrive_mtp_tokens_per_step",
          decode_steps_ == 0 ? 0.0 : 1.0 + static_cast<double>(accepted_draft_tokens_) / decode_steps_);
+  const PrefixCacheInfo& pc = prefix_cache_;
+  header(out, "puredrive_prefix_cache_lookups_total", "counter", "Prompts looked up in the prefix cache.");
+  sample(out, "puredrive_prefix_cache_lookups_total", pc.lookups);
+  header(out, "puredrive_prefix_cache_hits_total", "counter", "Lookups that resumed from a cached prefix.");
+  sample(out, "puredrive_prefix_cache_hits_total", pc.hits);
+  header(out, "puredrive_prefix_cache_misses_total", "counter", "Lookups that found no cached prefix.");
+  sample(out, "puredrive_prefix_cache_misses_total", pc.lookups - pc.hits);
+  header(out, "puredrive_prefix_cache_evictions_total", "counter",
+         "Prefix-cache blocks and state snapshots dropped for room.");
+  sample(out, "puredrive_prefix_cache_evictions_total", pc.evictions);
+  header(out, "puredrive_prefix_cache_demotions_total", "counter",
+         "Prefix-cache blocks and state snapshots moved from device to host memory for room.");
+  sample(out, "puredrive_prefix_cache_demotions_total", pc.demotions);
+  header(out, "puredrive_prefix_cache_bytes", "gauge", "Bytes the prefix cache holds, by memory tier.");
+  out += fmt::format("puredrive_prefix_cache_bytes{{tier=\"device\"}} {}\n", pc.device_bytes);
+  out += fmt::format("puredrive_prefix_cache_bytes{{tier=\"host\"}} {}\n", pc.host_bytes);
+  header(out, "puredrive_prefix_cache_budget_bytes", "gauge",
+         "The prefix cache's budgets (--prefix-cache-mib, --prefix-cache-host-mib).");
+  out += fmt::format("puredrive_prefix_cache_budget_bytes{{tier=\"device\"}} {}\n", pc.device_budget);
+  out += fmt::format("puredrive_prefix_cache_budget_bytes{{tier=\"host\"}} {}\n", pc.host_budget);
+  header(out, "puredrive_prefix_cache_blocks", "gauge", "Token blocks (KV rows) in the prefix cache.");
+  sample(out, "puredrive_prefix_cache_blocks", pc.blocks);
+  header(out, "puredrive_prefix_cache_snapshots", "gauge", "GDN state snapshots in the prefix cache.");
+  sample(out, "puredrive_prefix_cache_snapshots", pc.snapshots);
   header(out, "puredrive_queue_length", "gauge", "Requests waiting for the engine.");
   sample(out, "puredrive_queue_length", queue.waiting);
   header(out, "puredrive_queue_capacity", "gauge", "Most requests that may wait (--max-queue).");

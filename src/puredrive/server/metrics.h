@@ -48,6 +48,7 @@ class Metrics {
   double decode_seconds_ = 0.0;
   double queue_seconds_ = 0.0;
   double last_decode_tps_ = 0.0;
+  PrefixCacheInfo prefix_cache_;  // the latest an engine reported
 };
 
 }  // namespace pd::server
