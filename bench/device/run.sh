@@ -18,6 +18,8 @@
 # loaded, benchmarked and served (bench/device/disk_models.sh, its own PD_DISK_* settings), after the rest;
 # PD_DISK_ONLY=1: only those (and the upload test), e.g.
 #   run(command="PD_DISK_ONLY=1 PD_DISK_MODELS=q8 bash bench/device/run.sh", carry=[...], timeout_s=600)
+# (with PD_DISK_ONLY=1, PD_TESTS lists test binaries to run first and PD_TINY_SPEED=1 adds
+# bench/device/tiny_mtp_speed.sh)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -94,6 +96,12 @@ bin=$bundle/bin
 source "$root/bench/device/disk_models.sh"
 [ -x "$bin/cuda_upload_tests" ] && run_phase "cuda_upload_tests" 60 "$bin/cuda_upload_tests"
 if [ "${PD_DISK_ONLY:-0}" = 1 ]; then
+  # PD_TESTS: test binaries of the bundle to run first; PD_TINY_SPEED=1: the tiny coder's MTP speed on the GPU.
+  for t in ${PD_TESTS:-}; do run_phase "$t" 150 "$bin/$t"; done
+  if [ "${PD_TINY_SPEED:-0}" = 1 ] && [ -x "$bin/puredrive" ]; then
+    run_phase "tiny coder MTP speed (K=2)" 240 bash bench/device/tiny_mtp_speed.sh "$bin/puredrive" 2 200 2
+    grep -E 'median|identical False' "$log" | tail -4 | sed 's/^/  /' >>"$summary"
+  fi
   disk_models
   echo
   echo "== summary ($(($(date +%s) - start)) s; full log: run.log)"
