@@ -13,7 +13,8 @@
 # whose size is raised to PD_CONVERT_SHM_GB, default 110, when it is smaller: 72 GB of bf16 do not fit the
 # disk next to the output), converted by `puredrive quantize --recipe RECIPE` to disk (time and peak memory
 # in convert_RECIPE.txt), the bf16 deleted, and the converted checkpoint measured like the others (label
-# conv-RECIPE). PD_DISK_PREFIX_REPLAY=1: bench/agent_replay.py against each served checkpoint too.
+# conv-RECIPE). PD_DISK_PREFIX_REPLAY="q8 ...": bench/agent_replay.py (prefix cache on and off, turn 10's
+# TTFT at most 10% of cold) against those checkpoints too.
 
 # Writes the bf16 checkpoint to memory and quantizes it into $2 with recipe $1.
 convert_checkpoint() {
@@ -92,7 +93,7 @@ disk_models() {
     else
       row "api_bench $q" "SKIPPED (no openai client: PD_WITH_API=1 bench/device/prepare.sh)"
     fi
-    if [ "${PD_DISK_PREFIX_REPLAY:-0}" = 1 ] && [ -f bench/agent_replay.py ]; then
+    if [[ " ${PD_DISK_PREFIX_REPLAY:-} " == *" $q "* ]]; then
       run_phase "agent replay (prefix cache) $q" "$secs" python3 bench/agent_replay.py --bin "$full" \
         --model "$dir" --serve-args "--backend cuda" --max-ttft-ratio 0.1 --check --out "$out/replay_$q.md"
       tail -16 "$out/replay_$q.md" 2>/dev/null | sed 's/^/  /' >>"$summary"
