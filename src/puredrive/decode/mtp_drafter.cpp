@@ -24,7 +24,7 @@ void MtpDrafter::reset() {
 Status MtpDrafter::commit(SequenceState& state) {
   const auto n = static_cast<int>(pending_tokens_.size());
   if (n <= 1) return Status::ok();
-  PD_ASSIGN_OR_RETURN(StepOutput out, flush(state, LogitRows::kNone, /*keep_last=*/true));
+  PD_ASSIGN_OR_RETURN(StepOutput out, flush(state, LogitRows::kNone, /*keep_last=*/true, /*prompt=*/true));
   (void)out;
   return Status::ok();
 }
@@ -41,7 +41,8 @@ Status MtpDrafter::observe(SequenceState& state, int first, std::span<const int3
   const int cap = static_cast<int>(pending_hidden_.tensor().rows);
   if (rows > cap) return make_error(ErrorCode::kInternal, "MTP drafter: {} rows exceed {}", rows, cap);
   if (static_cast<int>(pending_tokens_.size()) + rows > cap) {
-    PD_ASSIGN_OR_RETURN(StepOutput flushed, flush(state, LogitRows::kNone));
+    PD_ASSIGN_OR_RETURN(StepOutput flushed,
+                        flush(state, LogitRows::kNone, /*keep_last=*/false, /*prompt=*/true));
     (void)flushed;
   }
   if (pending_tokens_.empty()) pending_first_ = first;
@@ -56,16 +57,16 @@ bool MtpDrafter::can_draft(int64_t position) const {
   return !pending_tokens_.empty() && observed_end_ == position;
 }
 
-Expected<StepOutput> MtpDrafter::flush(SequenceState& state, LogitRows logits, bool keep_last) {
+Expected<StepOutput> MtpDrafter::flush(SequenceState& state, LogitRows logits, bool keep_last, bool prompt) {
   const auto pending = static_cast<int>(pending_tokens_.size());
   const int n = keep_last ? pending - 1 : pending;
   std::vector<int32_t> positions(static_cast<size_t>(n));
   std::iota(positions.begin(), positions.end(), pending_first_);
   // Entries after the first pending row are stale drafts of an earlier cycle (or another sequence).
   state.truncate_mtp(pending_first_);
-  PD_ASSIGN_OR_RETURN(StepOutput out,
-                      model_.mtp_forward(state, std::span(pending_tokens_).first(n), positions,
-                                         pending_hidden_.row_slice(0, n), {.logits = logits, .tap = {}}));
+  PD_ASSIGN_OR_RETURN(StepOutput out, model_.mtp_forward(state, std::span(pending_tokens_).first(n),
+                                                         positions, pending_hidden_.row_slice(0, n),
+                                                         {.logits = logits, .tap = {}, .prefill = prompt}));
   // The row kept moves to the front (a row does not depend on the step it runs in: row-exact).
   if (keep_last)
     PD_TRY(model_.backend().copy(pending_hidden_.row_slice(0, 1), pending_hidden_.row_slice(n, 1)));

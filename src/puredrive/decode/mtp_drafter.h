@@ -39,7 +39,10 @@ class MtpDrafter : public Drafter {
       : model_(model), pending_hidden_(std::move(pending_hidden)) {}
   // Runs the pending rows through the head, or all but the last (keep_last, at least 2 pending); returns the
   // step output (logits of the last row run when asked).
-  Expected<StepOutput> flush(SequenceState& state, LogitRows logits, bool keep_last = false);
+  // prompt: the rows are the prompt's, run through the prefill kernels (chunk-invariant), so that the head's
+  // cache rows do not depend on how the prompt was cut (a prefix-cache hit resumes at another cut).
+  Expected<StepOutput> flush(SequenceState& state, LogitRows logits, bool keep_last = false,
+                             bool prompt = false);
 
   Model& model_;
   Buffer pending_hidden_;  // F32 [max_rows, H]: hidden states of the pending rows
