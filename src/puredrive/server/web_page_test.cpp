@@ -46,6 +46,10 @@ std::map<std::string, json> records_on_disk() {
     json j = json::parse(text.str(), nullptr, false);
     if (!j.is_object() || !j.contains("schema") || !j["schema"].is_string()) continue;
     if (j["schema"].get<std::string>().rfind("puredrive-bench/", 0) != 0) continue;
+    // Decode benchmarks only: cells of one weight format (web_assets.cmake plots nothing else).
+    const bool decode = j.contains("cells") && j["cells"].is_array() && j.contains("model") &&
+                        j["model"].is_object() && j["model"].contains("quant");
+    if (!decode) continue;
     out[rel.string()] = std::move(j);
   }
   return out;
