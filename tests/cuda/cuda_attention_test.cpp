@@ -235,10 +235,10 @@ TEST_F(CudaAttention, RecordedDecodeStepReplaysAcrossSplitSizes) {
   if (std::getenv("PD_CUDA_GRAPHS") == nullptr) {
     // The first step runs eagerly when it grows the upload staging (a graph would keep the old address);
     // every other step replays the one graph.
-    const int64_t eager = after.eager_steps - before.eager_steps;
-    EXPECT_LE(eager, 1);
+    const int64_t eager_runs = after.eager_steps - before.eager_steps;
+    EXPECT_LE(eager_runs, 1);
     EXPECT_EQ(after.graphs_captured - before.graphs_captured, 1);
-    EXPECT_EQ(after.graph_replays - before.graph_replays + eager, steps);
+    EXPECT_EQ(after.graph_replays - before.graph_replays + eager_runs, steps);
   }
 }
 
