@@ -387,14 +387,13 @@ Status PrefixCache::load(const Payload& p, int64_t byte_offset, const Tensor& sl
 }
 
 // Slot s of a block's payload holds kB rows: the block's K or V rows of one layer. The MTP head's slots hold
-// its rows index * kB - 1 .. index * kB + kB - 2 (row 0 of the first block's slot stays unused).
-Status PrefixCache::save_block(Payload& p, const SequenceState& st, int index) {
+// its rows index * kB - 1 .. index * kB + kB - 2 (row 0 of the first block's slot stays unused). Calls
+// f(state rows, first payload row) for every slot, in slot order.
+template <typename F>
+Status PrefixCache::for_each_slot(const SequenceState& st, int index, F&& f) const {
   int slot = 0;
   auto rows = [&](const Tensor& t, int first, int r0) -> Status {
-    const int n = kB - r0;
-    const int64_t row = int64_t{slot++} * kB + r0;
-    const Tensor s = p.tier == kDevice ? p.device.row_slice(row, n) : Tensor{};
-    return save(p, row * kv_row_bytes_, s, t.row_slice(first, n));
+    return f(t.row_slice(first, kB - r0), int64_t{slot++} * kB + r0);
   };
   for (const int l : attention_layers_) {
     PD_TRY(rows(st.kv(l).k, index * kB, 0));
@@ -409,25 +408,18 @@ Status PrefixCache::save_block(Payload& p, const SequenceState& st, int index) {
   return Status::ok();
 }
 
+Status PrefixCache::save_block(Payload& p, const SequenceState& st, int index) {
+  return for_each_slot(st, index, [&](const Tensor& t, int64_t row) {
+    const Tensor s = p.tier == kDevice ? p.device.row_slice(row, t.rows) : Tensor{};
+    return save(p, row * kv_row_bytes_, s, t);
+  });
+}
+
 Status PrefixCache::load_block(const Payload& p, SequenceState& st, int index) {
-  int slot = 0;
-  auto rows = [&](const Tensor& t, int first, int r0) -> Status {
-    const int n = kB - r0;
-    const int64_t row = int64_t{slot++} * kB + r0;
-    const Tensor s = p.tier == kDevice ? p.device.row_slice(row, n) : Tensor{};
-    return load(p, row * kv_row_bytes_, s, t.row_slice(first, n));
-  };
-  for (const int l : attention_layers_) {
-    PD_TRY(rows(st.kv(l).k, index * kB, 0));
-    PD_TRY(rows(st.kv(l).v, index * kB, 0));
-  }
-  if (!options_.mtp) return Status::ok();
-  const int r0 = index == 0 ? 1 : 0;
-  for (int m = 0; m < spec_.mtp_layers; ++m) {
-    PD_TRY(rows(st.mtp_kv(m).k, index * kB - 1 + r0, r0));
-    PD_TRY(rows(st.mtp_kv(m).v, index * kB - 1 + r0, r0));
-  }
-  return Status::ok();
+  return for_each_slot(st, index, [&](const Tensor& t, int64_t row) {
+    const Tensor s = p.tier == kDevice ? p.device.row_slice(row, t.rows) : Tensor{};
+    return load(p, row * kv_row_bytes_, s, t);
+  });
 }
 
 // A snapshot is one F32 row: per GDN layer the conv window then the recurrent state, then the hidden row.

@@ -132,6 +132,8 @@ class PrefixCache {
   Status load(const Payload& p, int64_t byte_offset, const Tensor& slot, const Tensor& dst);
   Status save_block(Payload& p, const SequenceState& st, int index);
   Status load_block(const Payload& p, SequenceState& st, int index);
+  template <typename F>
+  Status for_each_slot(const SequenceState& st, int index, F&& f) const;
   Status save_snapshot(Payload& p, const SequenceState& st, const Tensor& hidden);
   Expected<Tensor> load_snapshot(const Payload& p, SequenceState& st);
 
