@@ -1,16 +1,9 @@
 // What the tensor-core attention kernels share (attention_decode.cu, attention_prefill.cu): asynchronous
 // copies with zero fill, ldmatrix, the bf16 mma, and the launches attention.cu dispatches to.
 //
-// mma.sync.m16n8k16 (bf16 inputs, f32 accumulation), PTX ISA "Matrix Fragments for mma.m16n8k16", with
-// g = lane / 4 and t = lane % 4:
-//   A (16 x 16, row-major), 4 registers of two bf16 each (lower column in the low half):
-//     a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9];
-//   B (16 x 8, k x n), 2 registers: b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g];
-//   C / D (16 x 8 f32): c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1].
+// The mma and its fragments: mma_bf16 in common.cuh.
 // ldmatrix.x4 loads four 8 x 8 bf16 matrices whose rows (16 bytes each) lanes 8i..8i+7 address, matrix i into
 // register i: lane (g, t) receives row g, columns 2t, 2t+1; with .trans, rows 2t, 2t+1 of column g.
-// Each output element of an mma depends only on its row of A and its column of B, so which other rows or
-// columns share the instruction (other verify rows, padding) never changes it.
 #pragma once
 
 #include "puredrive/backend/cuda/attention_plan.h"
@@ -52,14 +45,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) 
                : "memory");
 }
 
-// d = a . b + d.
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using cuda::mma_bf16;
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return static_cast<uint32_t>(to_bf16_bits(lo)) | (static_cast<uint32_t>(to_bf16_bits(hi)) << 16);

@@ -369,6 +369,32 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   return s;
 }
 
+// d = a . b + d on the tensor cores: mma.sync m16n8k16, bf16 inputs, f32 accumulation. Fragments (PTX ISA
+// "Matrix Fragments for mma.m16n8k16", g = lane / 4, t = lane % 4): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t,
+// 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; d0, d1 =
+// D[g][2t, 2t+1], d2, d3 = D[g+8][2t, 2t+1] (lower column in the low half of a register). An output element
+// depends only on its row of A and its column of B, so the other rows or columns sharing the instruction
+// (other verify rows, padding) never change it.
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  mma_bf16(d, a, b[0], b[1]);
+}
+
+// (a, b) as bf16 pairs hi (round to nearest) and lo = the rounded remainders (x - hi is exact in f32), a in
+// the low half: hi + lo holds about 16 significant bits of each.
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t* hi, uint32_t* lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(a - __low2float(h), b - __high2float(h));
+  *hi = *reinterpret_cast<const uint32_t*>(&h);
+  *lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
 // 16 bytes global -> shared without registers (cp.async, sm_80+); both addresses 16-byte aligned. The copies
 // of a thread complete at copy_async_wait_all(); a block barrier after it publishes them to the block.
 __device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {

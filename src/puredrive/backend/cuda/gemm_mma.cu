@@ -9,7 +9,6 @@
 // Determinism: an output element is the sum, in ascending k16 steps, of hi*hi, lo*hi and (weights not bf16)
 // hi*lo products of its own activation row and weight row, accumulated in one register; nothing depends on R,
 // on the tile a row lands in, or on the block's other rows (zero rows and zero columns pad the tiles).
-#include <cstring>
 
 #include "puredrive/backend/cuda/common.cuh"
 #include "puredrive/backend/cuda/moe_partition.h"
@@ -60,22 +59,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// (a, b) as bf16 pairs hi (round to nearest) and lo = the rounded remainders, a in the low half.
-__device__ __forceinline__ void split_pair(float a, float b, uint32_t* hi, uint32_t* lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(a - __low2float(h), b - __high2float(h));
-  std::memcpy(hi, &h, 4);
-  std::memcpy(lo, &l, 4);
 }
 
 struct WSource {

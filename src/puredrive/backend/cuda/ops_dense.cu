@@ -1,6 +1,7 @@
 // Dense CUDA ops: matrix-vector products over up to kMaxRows rows (weights read once for all rows), embedding
 // lookup, RMSNorm, add, argmax.
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/gemv_mma.h"
 
 namespace pd::cuda {
 namespace {
@@ -392,6 +393,10 @@ void launch_gemv(const DevMatrix& w, const float* x, int64_t xs, float* out, int
     const int n = rows - r0 < kMaxRows ? rows - r0 : kMaxRows;
     const float* xc = x + r0 * xs;
     float* oc = out + r0 * os;
+    if (gemv_mma_supported(w)) {
+      launch_gemv_mma(w, xc, xs, oc, os, n, accumulate, stream);
+      continue;
+    }
     const int acc = accumulate ? 1 : 0;
     with_format(w.fmt, w.bits, [&](auto f) {
       constexpr int F = decltype(f)::kFmt, B = decltype(f)::kBits;
@@ -417,6 +422,10 @@ void launch_gemv(const DevMatrix& w, const float* x, int64_t xs, float* out, int
 }
 
 void launch_gemv_multi(const GemvMulti& g, const float* x, int64_t xs, int rows, cudaStream_t stream) {
+  if (gemv_mma_supported(g.m[0])) {
+    launch_gemv_multi_mma(g, x, xs, rows, stream);
+    return;
+  }
   if (!aligned_rows(x, xs)) {
     for (int i = 0; i < g.count; ++i) launch_gemv(g.m[i], x, xs, g.out[i], g.os[i], rows, false, stream);
     return;

@@ -1,0 +1,22 @@
+// Tensor-core matrix-vector products of bf16 weights for steps of up to kMaxRows rows (gemv_mma.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "puredrive/backend/cuda/kernels.h"
+
+namespace pd::cuda {
+
+// Whether launch_gemv routes m to the tensor-core kernel: bf16 weights whose width is a multiple of 64
+// (PD_GEMV_MMA=0 turns it off, for comparing the two kernels). The choice depends on the matrix only, never
+// on the step's rows, so verify rows stay bitwise equal to one-row steps.
+bool gemv_mma_supported(const DevMatrix& m);
+// False when PD_GEMV_MMA=0 (read once).
+bool mma_products_enabled();
+// rows <= kMaxRows; the arguments as launch_gemv and launch_gemv_multi take them.
+void launch_gemv_mma(const DevMatrix& w, const float* x, int64_t x_stride, float* out, int64_t out_stride,
+                     int rows, bool accumulate, cudaStream_t stream);
+void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t x_stride, int rows,
+                           cudaStream_t stream);
+
+}  // namespace pd::cuda
