@@ -10,36 +10,63 @@
 # summary. Needs the full CLI and the openai client in the bundle: PD_WITH_SERVE=1 PD_WITH_API=1
 # bench/device/prepare.sh. PD_DISK_S caps each phase (default 420 s).
 # PD_DISK_CONVERT=RECIPE (issue 18): the bf16 checkpoint written to memory (PD_CONVERT_DIR, default /dev/shm,
-# whose size is raised to PD_CONVERT_SHM_GB, default 110, when it is smaller: 72 GB of bf16 do not fit the
-# disk next to the output), converted by `puredrive quantize --recipe RECIPE` to disk (time and peak memory
-# in convert_RECIPE.txt), the bf16 deleted, and the converted checkpoint measured like the others (label
-# conv-RECIPE). PD_DISK_PREFIX_REPLAY="q8 ...": bench/agent_replay.py (prefix cache on and off, turn 10's
+# whose size is raised to PD_CONVERT_SHM_GB, default 110, when it has less room, or else a tmpfs of that size
+# mounted at $PD_DISK_DIR-tmpfs: 72 GB of bf16 do not fit the disk next to the output), converted by
+# `puredrive quantize --recipe RECIPE` on all cores to disk (convert_RECIPE.txt; its last line, copied to the
+# summary, holds the time, the byte counts and the peak resident memory), the bf16 deleted, and the converted
+# checkpoint measured like the others (label conv-RECIPE). tests/synth/disk_convert_cpu.sh runs this path on
+# the tiny architecture. PD_DISK_PREFIX_REPLAY="q8 ...": bench/agent_replay.py (prefix cache on and off, turn 10's
 # TTFT at most 10% of cold) against those checkpoints too.
 
-# Writes the bf16 checkpoint to memory and quantizes it into $2 with recipe $1.
+# Free GB in the file system holding $1.
+free_gb() { df -Pk "$1" | awk 'NR == 2 {print int($4 / 1048576)}'; }
+
+# Writes the bf16 checkpoint to memory and quantizes it into $2 with recipe $1. Uses $arch, $full, $disk,
+# $secs of disk_models.
 convert_checkpoint() {
   local recipe=$1 dst=$2 shm=${PD_CONVERT_DIR:-/dev/shm} want=${PD_CONVERT_SHM_GB:-110}
-  local src=$shm/pd-convert-bf16 size_gb
-  size_gb=$(df -Pk "$shm" | awk 'NR == 2 {print int($2 / 1048576)}')
-  if [ "$size_gb" -lt 75 ] && [ "$shm" = /dev/shm ]; then
+  local need_gb=75 out_gb=32 mounted="" src
+  [ "$arch" = qwen3.5-35b-a3b ] || { need_gb=1; out_gb=1; }
+  rm -rf "$shm/pd-convert-bf16"
+  if [ "$(free_gb "$shm")" -lt "$need_gb" ] && [ "$shm" = /dev/shm ]; then
+    # /dev/shm is sized at boot (half the memory then, or a container's 64 MB); as root it can be resized, or a
+    # tmpfs of our own mounted beside it.
     mount -o remount,size="${want}G" /dev/shm 2>>"$log" || note "could not resize /dev/shm"
-    size_gb=$(df -Pk "$shm" | awk 'NR == 2 {print int($2 / 1048576)}')
+    if [ "$(free_gb "$shm")" -lt "$need_gb" ]; then
+      mkdir -p "$disk-tmpfs"
+      if mount -t tmpfs -o size="${want}G" pd-convert "$disk-tmpfs" 2>>"$log"; then
+        shm=$disk-tmpfs mounted=$disk-tmpfs
+      else
+        note "could not mount a tmpfs at $disk-tmpfs"
+        rmdir "$disk-tmpfs"
+      fi
+    fi
   fi
-  if [ "$size_gb" -lt 75 ]; then
-    row "convert bf16 -> $recipe" "SKIPPED ($shm holds ${size_gb} GB, the bf16 checkpoint needs 72)"
-    return 1
+  src=$shm/pd-convert-bf16
+  if [ "$(free_gb "$shm")" -lt "$need_gb" ]; then
+    row "convert bf16 -> $recipe" "SKIPPED ($shm has $(free_gb "$shm") GB free, the bf16 checkpoint needs $need_gb)"
+  elif [ "$(free_gb "$(dirname "$dst")")" -lt "$out_gb" ]; then
+    row "convert bf16 -> $recipe" "SKIPPED ($(free_gb "$(dirname "$dst")") GB free for the output, $out_gb needed)"
+  else
+    run_phase "synth --write $arch bf16 (memory)" "$secs" sh -c "\"$full\" synth --arch $arch --quant bf16 \
+      --write \"$src\" --tokenizer \"$disk/tokenizer\" --chat-template tests/data/templates/Qwen3.5-4B.jinja \
+      --json -q >\"$out/synth_write_bf16.json\""
+    python3 - "$out/synth_write_bf16.json" >>"$summary" 2>/dev/null <<'PY'
+import json, sys
+w = json.load(open(sys.argv[1]))
+print(f"  bf16 to memory: written {w['bytes'] / 1e9:.1f} GB in {w['seconds']:.1f} s "
+      f"({w['bytes'] / 1e9 / w['seconds']:.2f} GB/s), peak RSS {w['peak_rss_bytes'] / 1e9:.2f} GB")
+PY
+    if [ -f "$src/config.json" ]; then
+      # The last line holds the time, the byte counts and the peak resident memory.
+      run_phase "quantize bf16 -> $recipe" "$secs" sh -c "\"$full\" quantize --model \"$src\" --out \"$dst\" \
+        --recipe $recipe >\"$out/convert_$recipe.txt\" 2>&1"
+      tail -3 "$out/convert_$recipe.txt" 2>/dev/null | sed 's/^/  /' >>"$summary"
+    fi
   fi
   rm -rf "$src"
-  run_phase "synth --write $arch bf16 (memory)" "$secs" sh -c "\"$full\" synth --arch $arch --quant bf16 \
-    --write \"$src\" --tokenizer \"$disk/tokenizer\" --chat-template tests/data/templates/Qwen3.5-4B.jinja \
-    --json -q >\"$out/synth_write_bf16.json\""
-  if [ -f "$src/config.json" ]; then
-    run_phase "quantize bf16 -> $recipe" "$secs" sh -c "\"$full\" quantize --model \"$src\" --out \"$dst\" \
-      --recipe $recipe >\"$out/convert_$recipe.txt\" 2>&1"
-    tail -3 "$out/convert_$recipe.txt" 2>/dev/null | sed 's/^/  /' >>"$summary"
-  fi
-  rm -rf "$src"
-  [ -f "$dst/config.json" ]
+  [ -n "$mounted" ] && { umount "$mounted" 2>>"$log" || note "could not unmount $mounted"; }
+  grep -q "the output loads" "$out/convert_$recipe.txt" 2>/dev/null && [ -f "$dst/config.json" ]
 }
 
 disk_models() {
@@ -69,12 +96,12 @@ disk_models() {
     if [ "${q#conv-}" != "$q" ]; then
       convert_checkpoint "${q#conv-}" "$dir" || continue
     else
-      local need_gb free_gb
+      local need_gb have_gb
       case "$q" in bf16) need_gb=72 ;; q8) need_gb=39 ;; *) need_gb=32 ;; esac
       [ "$arch" = qwen3.5-35b-a3b ] || need_gb=1
-      free_gb=$(df -Pk "$disk" | awk 'NR == 2 {print int($4 / 1048576)}')
-      if [ "$free_gb" -lt "$need_gb" ]; then
-        row "disk $q" "SKIPPED ($need_gb GB needed, $free_gb GB free in $disk)"
+      have_gb=$(free_gb "$disk")
+      if [ "$have_gb" -lt "$need_gb" ]; then
+        row "disk $q" "SKIPPED ($need_gb GB needed, $have_gb GB free in $disk)"
         continue
       fi
       run_phase "synth --write $arch $q" "$secs" sh -c "\"$full\" synth --arch $arch --quant $q --write \"$dir\" \

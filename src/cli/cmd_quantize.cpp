@@ -1,6 +1,7 @@
 // puredrive quantize: a float checkpoint -> an MLX affine checkpoint in mlx-lm's layout, MTP head kept.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -23,7 +24,7 @@ struct QuantizeArgs {
   std::string out;
   std::string recipe;
   int group_size = 64;
-  int threads = 4;
+  int threads = 0;
   bool quiet = false;
 };
 
@@ -71,8 +72,14 @@ void run_quantize(const QuantizeArgs& a) {
              format_bytes(static_cast<double>(sum->output_bytes)));
   fmt::print("copied: {}\n",
              sum->copied.empty() ? std::string("none") : fmt::format("{}", fmt::join(sum->copied, ", ")));
-  fmt::print("time {:.1f} s, peak resident memory {}; the output loads\n", secs,
-             format_bytes(peak_rss_bytes()));
+  // One line with the figures a benchmark log keeps: exact byte counts, the rate and the peak memory.
+  fmt::print(
+      "time {:.1f} s on {} thread{}: {} input bytes ({} read, {}/s), {} output bytes, "
+      "peak resident memory {} ({} bytes); the output loads\n",
+      secs, sum->threads, sum->threads == 1 ? "" : "s", sum->input_bytes,
+      format_gb(static_cast<double>(sum->read_bytes)),
+      format_gb(static_cast<double>(sum->read_bytes) / std::max(secs, 1e-9)), sum->output_bytes,
+      format_bytes(peak_rss_bytes()), static_cast<uint64_t>(peak_rss_bytes()));
 }
 
 void setup_quantize(CLI::App& app) {
@@ -90,7 +97,9 @@ void setup_quantize(CLI::App& app) {
       ->check(CLI::IsMember({"q8", "q6", "q5", "q4", "oq6e"}));
   cmd->add_option("--group-size", args->group_size, "Quantization group size")
       ->check(CLI::IsMember({32, 64, 128}));
-  cmd->add_option("--threads", args->threads, "Worker threads")->check(CLI::Range(1, 256));
+  cmd->add_option("--threads", args->threads,
+                  "Worker threads (0: all cores; the output is the same for any count)")
+      ->check(CLI::Range(0, 256));
   cmd->add_flag("-q,--quiet", args->quiet, "No progress line");
   cmd->callback([args] { run_quantize(*args); });
 }

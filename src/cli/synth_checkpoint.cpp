@@ -6,7 +6,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -314,18 +313,13 @@ Status for_chunks(const WorkItem& w, uint64_t row_bytes, F&& fn) {
   return Status::ok();
 }
 
-int thread_count(int requested) {
-  return requested > 0 ? requested : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 // Runs the items, counting output bytes for the progress line.
 Status run_items(const std::vector<WorkItem>& items, int threads, uint64_t total, bool progress,
                  const std::function<Status(const WorkItem&, std::atomic<uint64_t>&)>& fn) {
   std::atomic<uint64_t> done{0};
   Progress bar("synth --write", total, progress ? Progress::Mode::kAuto : Progress::Mode::kOff);
   const Status st = run_parallel_jobs(
-      items.size(), thread_count(threads), [&](size_t i) { return fn(items[i], done); },
-      [&] { bar.update(done.load()); });
+      items.size(), threads, [&](size_t i) { return fn(items[i], done); }, [&] { bar.update(done.load()); });
   bar.finish();
   return st;
 }

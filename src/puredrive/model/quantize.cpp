@@ -592,8 +592,9 @@ Expected<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
   for (const auto& j : plan.jobs) bytes_total += job_input_bytes(j);
   std::atomic<size_t> done{0};
   std::atomic<uint64_t> bytes_done{0};
+  const int threads = resolve_thread_count(o.threads);
   const Status ran = run_parallel_jobs(
-      order.size(), o.threads,
+      order.size(), threads,
       [&](size_t k) {
         const QuantJob& job = plan.jobs[order[k]];
         if (Status st = exec.run_job(job); !st) return st;
@@ -609,6 +610,8 @@ Expected<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
 
   QuantizeSummary sum;
   sum.input_bytes = plan.input_bytes;
+  sum.read_bytes = bytes_total;
+  sum.threads = threads;
   sum.output_bytes = writer->file_bytes();
   sum.files = writer->files();
   sum.tensors_written = plan.tensors.size();

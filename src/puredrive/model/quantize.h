@@ -107,7 +107,7 @@ struct QuantizeOptions {
   std::string out_dir;
   QuantRecipe recipe = QuantRecipe::kQ4;
   int group_size = 64;
-  int threads = 4;
+  int threads = 0;                        // 0: all cores (the output is the same for any count)
   uint64_t max_shard_bytes = 5ull << 30;  // mlx-lm's shard size
   std::function<void(const QuantizeProgress&)>
       progress;  // called from the calling thread, a few times a second
@@ -116,8 +116,10 @@ struct QuantizeOptions {
 struct QuantizeSummary {
   size_t tensors_written = 0;
   size_t modules_quantized = 0;
-  uint64_t input_bytes = 0;
+  uint64_t input_bytes = 0;  // every tensor of the input
+  uint64_t read_bytes = 0;   // the input the jobs read (not the vision tower, nor a tied lm_head)
   uint64_t output_bytes = 0;
+  int threads = 0;                  // threads that ran the jobs
   std::vector<std::string> files;   // weight files written, relative to out_dir
   std::vector<std::string> copied;  // tokenizer / template / generation config files copied
   std::vector<std::string> notices;

@@ -395,6 +395,48 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizeCheckpoint,
                            return s;
                          });
 
+std::string file_bytes(const fs::path& p) {
+  auto text = read_text_file(p.string());
+  EXPECT_TRUE(text.has_value()) << p;
+  return text ? *text : std::string();
+}
+
+// Jobs run in whatever order the threads take them, each writing its own bytes in place: the files must not
+// depend on the thread count. Both expert layouts (fused, and per-expert tensors stacked into switch_mlp).
+TEST(QuantizeCheckpoint, SameBytesForAnyThreadCount) {
+  for (const auto& [fixture, recipe] : {std::pair{"qwen35-bf16", "oq6e"}, {"qwen3next-f32", "q4"}}) {
+    std::vector<fs::path> outs;
+    for (int threads : {1, 2, 5}) {
+      outs.push_back(fs::temp_directory_path() / fmt::format("pd_quantize_threads_{}_{}_{}", fixture, threads,
+                                                             static_cast<long>(::getpid())));
+      fs::remove_all(outs.back());
+      QuantizeOptions o;
+      o.model_dir = source_path(std::string("tests/fixtures/") + fixture);
+      o.out_dir = outs.back().string();
+      o.recipe = *parse_quant_recipe(recipe);
+      o.threads = threads;
+      o.max_shard_bytes = 200 << 10;
+      auto sum = quantize_checkpoint(o);
+      ASSERT_TRUE(sum.has_value()) << sum.status().message();
+      EXPECT_EQ(sum->threads, threads);
+      EXPECT_GT(sum->files.size(), 1u) << "several shards";
+      EXPECT_GT(sum->read_bytes, 0u);
+      EXPECT_LE(sum->read_bytes, sum->input_bytes);
+    }
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(outs[0])) names.insert(e.path().filename().string());
+    for (size_t k = 1; k < outs.size(); ++k) {
+      std::set<std::string> other;
+      for (const auto& e : fs::directory_iterator(outs[k])) other.insert(e.path().filename().string());
+      EXPECT_EQ(names, other) << fixture;
+      for (const auto& n : names) {
+        EXPECT_TRUE(file_bytes(outs[0] / n) == file_bytes(outs[k] / n)) << fixture << " " << n << " differs";
+      }
+    }
+    for (const auto& d : outs) fs::remove_all(d);
+  }
+}
+
 TEST(QuantizeCheckpoint, RefusesOutEqualToModelAndMissingInput) {
   QuantizeOptions o;
   o.model_dir = source_path("tests/fixtures/qwen35-bf16");

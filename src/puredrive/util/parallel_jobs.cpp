@@ -10,6 +10,10 @@
 
 namespace pd {
 
+int resolve_thread_count(int requested) {
+  return requested > 0 ? requested : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 Status run_parallel_jobs(size_t n, int threads, const std::function<Status(size_t)>& job,
                          const std::function<void()>& tick) {
   std::atomic<size_t> next{0}, done{0};
@@ -17,7 +21,8 @@ Status run_parallel_jobs(size_t n, int threads, const std::function<Status(size_
   std::mutex mu;
   std::condition_variable cv;
   Status first_error;
-  const int nthreads = static_cast<int>(std::max<size_t>(1, std::min<size_t>(std::max(threads, 1), n)));
+  const int nthreads =
+      static_cast<int>(std::max<size_t>(1, std::min<size_t>(resolve_thread_count(threads), n)));
   std::vector<std::thread> workers;
   for (int t = 0; t < nthreads && n > 0; ++t) {
     workers.emplace_back([&] {
