@@ -16,6 +16,7 @@ class CountingBackend final : public Backend {
 
   int64_t downloads = 0, downloads_in_step = 0, synchronizes = 0, uploads_outside = 0, steps = 0;
   int64_t copies = 0, copy_manys = 0;
+  int64_t downloads_at_synchronize = -1;  // the download count when synchronize() was last called
   int depth = 0;
 
   Device device() const override { return in_->device(); }
@@ -41,6 +42,7 @@ class CountingBackend final : public Backend {
   }
   Status synchronize() override {
     ++synchronizes;
+    downloads_at_synchronize = downloads;
     return in_->synchronize();
   }
   int64_t available_memory() const override { return in_->available_memory(); }

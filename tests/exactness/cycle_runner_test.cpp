@@ -119,5 +119,35 @@ TEST(CycleRunner, OneHostWaitPerStepAndCycle) {
   }
 }
 
+// DecodeRequest::wait_for_prefill (bench --model): one wait for the device after the prefill and before every
+// wait of the decode loop, which stays one per step; the output does not change.
+TEST(CycleRunner, WaitForPrefillIsOneWaitBeforeTheDecodeLoop) {
+  Expected<Checkpoint> ckpt = load_checkpoint(golden::fixtures_dir() + "/qwen35-bf16");
+  ASSERT_TRUE(ckpt.has_value()) << ckpt.status().to_string();
+  test::CountingBackend be(create_backend({.name = "cpu", .threads = 1}).value());
+  std::unique_ptr<Model> m = create_model(ckpt->config, ckpt->weights, be, {.max_rows = 16}).value();
+  std::unique_ptr<Generator> g =
+      Generator::create(*m, {.ctx_size = 256, .kv_dtype = DType::kF32, .max_draft = 4, .mtp = true}).value();
+  DecodeRequest req;
+  req.prompt = iota_from(3, 40);
+  req.sampling = greedy();
+  req.max_tokens = 12;
+  req.num_draft = 2;
+  std::vector<int32_t> tokens[2];
+  for (const bool wait : {false, true}) {
+    req.wait_for_prefill = wait;
+    be.downloads = be.synchronizes = 0;
+    be.downloads_at_synchronize = -1;
+    Expected<DecodeResult> r = g->generate(req);
+    ASSERT_TRUE(r.has_value()) << r.status().to_string();
+    EXPECT_EQ(be.synchronizes, wait ? 1 : 0);
+    if (wait) {
+      EXPECT_EQ(be.downloads - be.downloads_at_synchronize, r->steps) << "after the prefill";
+    }
+    tokens[wait ? 1 : 0] = r->tokens;
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
 }  // namespace
 }  // namespace pd::exactness
