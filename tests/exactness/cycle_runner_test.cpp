@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "exactness/counting_backend.h"
 #include "exactness/generator_test_util.h"
 
 namespace pd::exactness {
@@ -69,70 +70,13 @@ TEST(DeviceTokens, StepsReadTheirTokenIdsFromTheDevice) {
   EXPECT_NE(bad.status().message().find("need I32"), std::string::npos) << bad.status().message();
 }
 
-// The CPU backend, counting how the host waits for it and which calls fall inside a recorded step.
-class CountingBackend final : public Backend {
- public:
-  explicit CountingBackend(std::unique_ptr<Backend> inner) : in_(std::move(inner)) {}
-
-  int64_t downloads = 0, downloads_in_step = 0, synchronizes = 0, uploads_outside = 0, steps = 0;
-  int depth = 0;
-
-  Device device() const override { return in_->device(); }
-  std::string name() const override { return "counting " + in_->name(); }
-  Expected<Buffer> alloc(DType t, int64_t r, int64_t c) override { return in_->alloc(t, r, c); }
-  Status upload(const Tensor& dst, const void* src) override {
-    if (depth == 0) ++uploads_outside;
-    return in_->upload(dst, src);
-  }
-  Status download(void* dst, const Tensor& src) override {
-    ++downloads;
-    if (depth > 0) ++downloads_in_step;
-    return in_->download(dst, src);
-  }
-  Status copy(const Tensor& dst, const Tensor& src) override { return in_->copy(dst, src); }
-  Status fill_zero(const Tensor& dst) override { return in_->fill_zero(dst); }
-  Status synchronize() override {
-    ++synchronizes;
-    return in_->synchronize();
-  }
-  int64_t available_memory() const override { return in_->available_memory(); }
-  Status begin_step() override {
-    if (depth++ == 0) ++steps;
-    return Status::ok();
-  }
-  Status end_step() override {
-    if (depth == 0) return make_error(ErrorCode::kInternal, "end_step without begin_step");
-    --depth;
-    return Status::ok();
-  }
-  Expected<MatrixId> bind_matrix(const Matrix& m) override { return in_->bind_matrix(m); }
-  Expected<VectorId> bind_vector(std::span<const float> v, const std::string& n) override {
-    return in_->bind_vector(v, n);
-  }
-  Expected<MoeId> bind_moe(const MoeWeights& w, const MoeSpec& s) override { return in_->bind_moe(w, s); }
-  int64_t bound_bytes() const override { return in_->bound_bytes(); }
-  Status embed(const EmbedArgs& a) override { return in_->embed(a); }
-  Status rms_norm(const RmsNormArgs& a) override { return in_->rms_norm(a); }
-  Status add(const AddArgs& a) override { return in_->add(a); }
-  Status matmul(const MatmulArgs& a) override { return in_->matmul(a); }
-  Status matmuls(const MatmulsArgs& a) override { return in_->matmuls(a); }
-  Status gated_attention(const GatedAttentionArgs& a) override { return in_->gated_attention(a); }
-  Status gated_delta_net(const GatedDeltaNetArgs& a) override { return in_->gated_delta_net(a); }
-  Status moe(const MoeArgs& a) override { return in_->moe(a); }
-  Status argmax(const ArgmaxArgs& a) override { return in_->argmax(a); }
-  Status sample(const SampleArgs& a) override { return in_->sample(a); }
-
- private:
-  std::unique_ptr<Backend> in_;
-};
-
 TEST(CycleRunner, OneHostWaitPerStepAndCycle) {
   const std::string dir = golden::fixtures_dir() + "/qwen35-bf16";
   Expected<Checkpoint> ckpt = load_checkpoint(dir);
   ASSERT_TRUE(ckpt.has_value()) << ckpt.status().to_string();
   Expected<std::unique_ptr<Backend>> cpu = create_backend({.name = "cpu", .threads = 1});
   ASSERT_TRUE(cpu.has_value());
-  CountingBackend be(std::move(*cpu));
+  test::CountingBackend be(std::move(*cpu));
   Expected<std::unique_ptr<Model>> m = create_model(ckpt->config, ckpt->weights, be, {.max_rows = 16});
   ASSERT_TRUE(m.has_value()) << m.status().to_string();
   Expected<std::unique_ptr<Generator>> g =
@@ -173,6 +117,36 @@ TEST(CycleRunner, OneHostWaitPerStepAndCycle) {
       }
     }
   }
+}
+
+// DecodeRequest::wait_for_prefill (bench --model): one wait for the device after the prefill and before every
+// wait of the decode loop, which stays one per step; the output does not change.
+TEST(CycleRunner, WaitForPrefillIsOneWaitBeforeTheDecodeLoop) {
+  Expected<Checkpoint> ckpt = load_checkpoint(golden::fixtures_dir() + "/qwen35-bf16");
+  ASSERT_TRUE(ckpt.has_value()) << ckpt.status().to_string();
+  test::CountingBackend be(create_backend({.name = "cpu", .threads = 1}).value());
+  std::unique_ptr<Model> m = create_model(ckpt->config, ckpt->weights, be, {.max_rows = 16}).value();
+  std::unique_ptr<Generator> g =
+      Generator::create(*m, {.ctx_size = 256, .kv_dtype = DType::kF32, .max_draft = 4, .mtp = true}).value();
+  DecodeRequest req;
+  req.prompt = iota_from(3, 40);
+  req.sampling = greedy();
+  req.max_tokens = 12;
+  req.num_draft = 2;
+  std::vector<int32_t> tokens[2];
+  for (const bool wait : {false, true}) {
+    req.wait_for_prefill = wait;
+    be.downloads = be.synchronizes = 0;
+    be.downloads_at_synchronize = -1;
+    Expected<DecodeResult> r = g->generate(req);
+    ASSERT_TRUE(r.has_value()) << r.status().to_string();
+    EXPECT_EQ(be.synchronizes, wait ? 1 : 0);
+    if (wait) {
+      EXPECT_EQ(be.downloads - be.downloads_at_synchronize, r->steps) << "after the prefill";
+    }
+    tokens[wait ? 1 : 0] = r->tokens;
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "exactness/counting_backend.h"
 #include "exactness/generator_test_util.h"
 #include "exactness/prefix_cache_scenarios.h"
 
@@ -128,6 +129,38 @@ TEST(PrefixCache, ZeroBudgetsStoreNothing) {
   EXPECT_EQ(expect_exact_hit(*c->gen, {.prompt = p, .sampling = test::greedy_params()}), 0);
   EXPECT_EQ(c->cache().stats().blocks, 0);
   EXPECT_EQ(c->cache().stats().lookups, 2);
+}
+
+// A hit of any length restores every block and the snapshot with one copy_many call and no other copy, from
+// either memory tier (the cost of a restore does not grow with its number of blocks).
+TEST(PrefixCache, RestoresWithOneCopyCall) {
+  Expected<Checkpoint> ck = load_checkpoint(golden::fixtures_dir() + "/qwen35-bf16");
+  ASSERT_TRUE(ck.has_value()) << ck.status().to_string();
+  for (const bool host : {false, true}) {
+    SCOPED_TRACE(host ? "host memory" : "backend memory");
+    test::CountingBackend be(create_backend({.name = "cpu", .threads = 1}).value());
+    std::unique_ptr<Model> m = create_model(ck->config, ck->weights, be, {.max_rows = 128}).value();
+    std::unique_ptr<Generator> g =
+        Generator::create(*m, {.ctx_size = 1024, .kv_dtype = DType::kBF16, .max_draft = 4, .mtp = true})
+            .value();
+    const int64_t budget = int64_t{256} << 20;
+    ASSERT_TRUE(g->enable_prefix_cache({.device_budget = host ? 0 : budget, .host_budget = host ? budget : 0})
+                    .is_ok());
+    std::mt19937 rng(7);
+    const std::vector<int32_t> prompt = test::random_tokens(ck->config.vocab_size, 9 * kPrefixBlock + 2, rng);
+    ASSERT_EQ(test::run_request(*g, {.prompt = prompt, .sampling = test::greedy_params()}, true).cached, 0);
+    for (const int blocks : {2, 4, 9}) {  // prefill chunks of 128 rows: snapshots at 128, 256, ..., 576
+      SequenceState st = m->new_state({.ctx_size = 1024, .kv_dtype = DType::kBF16, .max_rows = 5}).value();
+      be.copies = be.copy_manys = be.uploads_outside = be.downloads = 0;
+      PrefixCache& cache = *g->prefix_cache();
+      const Expected<Tensor> hidden = cache.restore(st, prompt, blocks * kPrefixBlock);
+      ASSERT_TRUE(hidden.has_value()) << hidden.status().to_string();
+      EXPECT_EQ(st.length(), blocks * kPrefixBlock);
+      EXPECT_EQ(be.copy_manys, 1) << blocks << " blocks";
+      EXPECT_EQ(be.copies + be.uploads_outside + be.downloads, 0) << blocks << " blocks";
+    }
+    EXPECT_EQ(g->prefix_cache()->stats().host_bytes > 0, host);
+  }
 }
 
 TEST(PrefixCache, BadInputIsRefused) {

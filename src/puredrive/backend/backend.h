@@ -368,6 +368,17 @@ struct SampleArgs {
   Tensor out;             // I32 [1, sample_out_words(R, logprobs)]
 };
 
+// One region of copy_many(): `bytes` bytes from byte `src_offset` of src to byte `dst_offset` of dst,
+// whatever the tensors' dtypes. Each tensor is a dense view (one row, or rows without gaps) in the backend's
+// memory or, on a device backend, in host memory (Device::kCpu; the prefix cache's host tier).
+struct CopyRegion {
+  Tensor dst;
+  int64_t dst_offset = 0;
+  Tensor src;
+  int64_t src_offset = 0;
+  int64_t bytes = 0;
+};
+
 struct BackendOptions {
   std::string name = "cpu";  // "cpu" | "cuda" | "auto"
   int threads = 0;           // CPU worker threads, <= 0: all cores
@@ -393,6 +404,12 @@ class Backend {
   // Same shape and dtype; may not overlap.
   virtual Status copy(const Tensor& dst, const Tensor& src) = 0;
   virtual Status fill_zero(const Tensor& dst) = 0;
+  // Every region of the list, as one operation whatever their number (CUDA: one kernel launch; the prefix
+  // cache restores thousands of KV slices at once). No byte may be written by two regions or be written by
+  // one and read by another. The list is validated before any byte moves: a region out of its tensors' bounds
+  // is an error and nothing is copied. Host destinations hold their bytes when the call returns (it then
+  // waits for the device, as download() does); inside a recorded step, the step runs eagerly from there on.
+  virtual Status copy_many(std::span<const CopyRegion> regions) = 0;
   virtual Status synchronize() = 0;
   // Bytes the backend can still allocate (CPU: MemAvailable; CUDA: free device memory), for memory plans.
   virtual int64_t available_memory() const = 0;

@@ -2,7 +2,10 @@
 // what was found. A backend adds only what its kernels need beyond these (alignment, column multiples).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "puredrive/backend/backend.h"
 
@@ -45,6 +48,71 @@ inline Status check_kv_layout(const char* op, const char* arg, const Tensor& t, 
     return make_error(ErrorCode::kInvalidArgument,
                       "{}: {} is [{}, {}] (stride {}), expected contiguous [T, {}]", op, arg, t.rows, t.cols,
                       t.stride, cols);
+  }
+  return Status::ok();
+}
+
+// copy_many's regions (backend.h CopyRegion): each tensor in `device` memory or host memory, dense, each
+// range inside its tensor; no byte written by two regions or written by one and read by another. Every
+// failure names the region's index.
+inline Status validate_copy_many(Device device, std::span<const CopyRegion> regions) {
+  struct Range {
+    uintptr_t begin, end;
+    size_t region;
+    bool write;
+  };
+  std::vector<Range> ranges;
+  ranges.reserve(2 * regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const CopyRegion& r = regions[i];
+    if (r.bytes < 0) {
+      return make_error(ErrorCode::kInvalidArgument, "copy_many: region {} has {} bytes", i, r.bytes);
+    }
+    for (const bool dst : {true, false}) {
+      const Tensor& t = dst ? r.dst : r.src;
+      const int64_t offset = dst ? r.dst_offset : r.src_offset;
+      const char* side = dst ? "destination" : "source";
+      if (t.empty())
+        return make_error(ErrorCode::kInvalidArgument, "copy_many: region {}'s {} is empty", i, side);
+      if (t.device != device && t.device != Device::kCpu) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "copy_many: region {}'s {} is neither {} nor host memory", i, side,
+                          device_name(device));
+      }
+      if (t.rows < 0 || t.cols < 0 || (t.rows > 1 && t.stride != t.cols)) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "copy_many: region {}'s {} is [{}, {}] with row stride {}, not dense", i, side,
+                          t.rows, t.cols, t.stride);
+      }
+      const int64_t extent = t.nbytes();
+      if (offset < 0 || offset > extent || r.bytes > extent - offset) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "copy_many: region {} {} bytes [{}, {}) of a {} of {} bytes", i,
+                          dst ? "writes" : "reads", offset, offset + r.bytes, side, extent);
+      }
+      if (r.bytes > 0) {
+        const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data) + static_cast<uintptr_t>(offset);
+        ranges.push_back({begin, begin + static_cast<uintptr_t>(r.bytes), i, dst});
+      }
+    }
+  }
+  // In address order, a range overlaps an earlier one exactly when it begins before the furthest end so far.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  const Range* furthest = nullptr;        // of all ranges so far
+  const Range* furthest_write = nullptr;  // of the destinations so far
+  for (const Range& r : ranges) {
+    const Range* hit = r.write ? furthest : furthest_write;
+    if (hit != nullptr && r.begin < hit->end) {
+      if (hit->region == r.region) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "copy_many: region {}'s source and destination overlap", r.region);
+      }
+      return make_error(ErrorCode::kInvalidArgument,
+                        "copy_many: regions {} and {} overlap (a byte written twice, or written and read)",
+                        std::min(hit->region, r.region), std::max(hit->region, r.region));
+    }
+    if (furthest == nullptr || r.end > furthest->end) furthest = &r;
+    if (r.write && (furthest_write == nullptr || r.end > furthest_write->end)) furthest_write = &r;
   }
   return Status::ok();
 }

@@ -138,6 +138,7 @@ class Generator::Run {
       return std::move(result_);
     }
     PD_TRY(prefill());
+    if (r_.wait_for_prefill) PD_TRY(g_.model_.backend().synchronize());
     result_.prefill_seconds = seconds_since(t0);
     const auto t1 = Clock::now();
     while (!done_) {

@@ -75,6 +75,11 @@ struct DecodeRequest {
   // times of DecodeResult are separate (otherwise the device's work lands where the host waits for it, in
   // the sample time). Costs two more host waits per cycle.
   bool timing = false;
+  // Wait for the device at the end of the prefill, which otherwise returns with its work still queued: the
+  // first decode step's wait would absorb that work, and DecodeResult would time it as decode. With this,
+  // prefill_seconds holds the prefill's device time and decode_seconds none of it (bench --model). One more
+  // host wait per request.
+  bool wait_for_prefill = false;
   std::optional<Verifier> verifier;  // overrides the rule's verifier (testonly faulty rules)
   Drafter* drafter = nullptr;        // overrides the generator's drafter for this request (tests, check)
   std::function<bool()> cancelled;   // polled between prefill chunks and steps
@@ -97,7 +102,7 @@ struct DecodeResult {
   std::vector<float> last_logits;   // [V] raw logits the last token was drawn from (keep_last_logits)
   int64_t steps = 0;                // target steps after prefill (plain steps + verify passes)
   int64_t plain_steps = 0;
-  double prefill_seconds = 0;  // the prompt's first L-1 tokens, MTP rows included
+  double prefill_seconds = 0;  // the prompt's first L-1 tokens, MTP rows included (see wait_for_prefill)
   double decode_seconds = 0;   // everything after the prefill
   double target_seconds = 0;   // target steps (plain and verify)
   double sample_seconds = 0;   // the sample op: processing, draws and acceptance, and its download

@@ -138,8 +138,22 @@ Expected<Tensor> PrefixCache::restore(SequenceState& state, std::span<const int3
     return make_error(ErrorCode::kInvalidArgument, "prefix cache: {} tokens exceed the context of {}", length,
                       state.capacity());
   }
-  for (size_t j = 0; j < p.size(); ++j) PD_TRY(load_block(p[j]->kv, state, static_cast<int>(j)));
-  PD_ASSIGN_OR_RETURN(Tensor hidden, load_snapshot(*p.back()->snapshot, state));
+  PD_TRY(check_state(state));
+  // Every block and the snapshot in one copy_many: a long hit is thousands of slices (docs/DESIGN.md §4.8).
+  std::vector<CopyRegion> copies;
+  for (size_t j = 0; j < p.size(); ++j) block_copies(p[j]->kv, state, static_cast<int>(j), true, copies);
+  const Payload& snapshot = *p.back()->snapshot;
+  Tensor hidden;  // where the snapshot's hidden row is, or lands (host tier)
+  if (options_.mtp && snapshot.tier == kDevice) {
+    hidden = snapshot.device.tensor().col_slice(snapshot_floats_ - hidden_size_, hidden_size_);
+  } else if (options_.mtp) {
+    if (hidden_.empty()) {
+      PD_ASSIGN_OR_RETURN(hidden_, backend_.alloc(DType::kF32, 1, hidden_size_));
+    }
+    hidden = hidden_.tensor();
+  }
+  snapshot_copies(snapshot, state, snapshot.tier == kDevice ? Tensor{} : hidden, true, copies);
+  PD_TRY(backend_.copy_many(copies));
   PD_TRY(state.resume_at(length, options_.mtp ? length - 1 : 0));
   touch(p, p.back()->snapshot.get());
   return hidden;
@@ -162,7 +176,15 @@ Status PrefixCache::store(const SequenceState& state, std::span<const int32_t> t
                         hidden.rows, hidden.cols, hidden_size_);
     }
   }
+  PD_TRY(check_state(state));
   std::vector<Block*> chain;
+  // The payloads placed below are filled by one copy_many at the end, which must also run on an early return:
+  // a placed block holds no rows until then.
+  std::vector<CopyRegion> copies;
+  auto copy_then = [&](Status s) {
+    Status c = copies.empty() ? Status::ok() : backend_.copy_many(copies);
+    return s.is_ok() ? std::move(c) : std::move(s);
+  };
   // Chain blocks keep their rows while later ones find room; unpinned whatever way this returns.
   struct Unpin {
     std::vector<Block*>& chain;
@@ -185,15 +207,16 @@ Status PrefixCache::store(const SequenceState& state, std::span<const int32_t> t
       b->index = j;
       b->tokens.assign(t.begin(), t.end());
       b->kv.block = b;
-      PD_ASSIGN_OR_RETURN(const bool placed, place(b->kv, kv_bytes_, true));
-      if (!placed) break;
+      const Expected<bool> placed = place(b->kv, kv_bytes_, true);
+      if (!placed.has_value()) return copy_then(placed.status());
+      if (!*placed) break;
       blocks_.emplace(h, std::move(owned));
       if (parent != nullptr) parent->children.push_back(b);
       ++stats_.blocks;
       stats_.stored_bytes += kv_bytes_;
       b->pinned = true;
       chain.push_back(b);
-      PD_TRY(save_block(b->kv, state, j));
+      block_copies(b->kv, state, j, false, copies);
     } else {
       b->pinned = true;
       chain.push_back(b);
@@ -207,16 +230,18 @@ Status PrefixCache::store(const SequenceState& state, std::span<const int32_t> t
       auto s = std::make_unique<Payload>();
       s->block = last;
       s->snapshot = true;
-      PD_ASSIGN_OR_RETURN(const bool placed, place(*s, snapshot_bytes_, false));
-      if (placed) {
+      const Expected<bool> placed = place(*s, snapshot_bytes_, false);
+      if (!placed.has_value()) return copy_then(placed.status());
+      if (*placed) {
         last->snapshot = std::move(s);
         ++stats_.snapshots;
         stats_.stored_bytes += snapshot_bytes_;
-        PD_TRY(save_snapshot(*last->snapshot, state, hidden));
+        snapshot_copies(*last->snapshot, state, hidden, false, copies);
       }
     }
     snapshot = last->snapshot.get();
   }
+  PD_TRY(copy_then(Status::ok()));
   touch(chain, snapshot);
   for (Block* b : chain) b->pinned = false;
   // A chain that could not be finished ends without a snapshot: its new tail is of no use.
@@ -376,90 +401,99 @@ void PrefixCache::set_tick(Payload& p) {
 
 // ---- Copies ----
 
-Status PrefixCache::save(Payload& p, int64_t byte_offset, const Tensor& slot, const Tensor& src) {
-  if (p.tier == kDevice) return backend_.copy(slot, src);
-  return backend_.download(p.host.get() + byte_offset, src);
+namespace {
+
+// The copy of `bytes` between byte `at` of a payload and byte `offset` of a state tensor, either way.
+CopyRegion between(const Tensor& payload, int64_t at, const Tensor& state, int64_t offset, int64_t bytes,
+                   bool to_state) {
+  if (to_state) return {.dst = state, .dst_offset = offset, .src = payload, .src_offset = at, .bytes = bytes};
+  return {.dst = payload, .dst_offset = at, .src = state, .src_offset = offset, .bytes = bytes};
 }
 
-Status PrefixCache::load(const Payload& p, int64_t byte_offset, const Tensor& slot, const Tensor& dst) {
-  if (p.tier == kDevice) return backend_.copy(dst, slot);
-  return backend_.upload(dst, p.host.get() + byte_offset);
+}  // namespace
+
+Tensor PrefixCache::memory(const Payload& p) const {
+  if (p.tier == kDevice) return p.device.tensor();
+  return Tensor{.data = p.host.get(),
+                .dtype = DType::kU8,
+                .rows = 1,
+                .cols = p.bytes,
+                .stride = p.bytes,
+                .device = Device::kCpu};
+}
+
+// The copies index byte ranges of whole state tensors: the layout they assume is checked once per call.
+Status PrefixCache::check_state(const SequenceState& st) const {
+  auto kv = [&](const KvCache& c) {
+    for (const Tensor* t : {&c.k, &c.v}) {
+      if (t->dtype != kv_dtype_ || t->cols != spec_.kv_width || !t->contiguous()) {
+        return make_error(
+            ErrorCode::kInvalidArgument,
+            "prefix cache: a KV cache of [{}, {}] {} (stride {}); expected contiguous [T, {}] {}", t->rows,
+            t->cols, dtype_name(t->dtype), t->stride, spec_.kv_width, dtype_name(kv_dtype_));
+      }
+    }
+    return Status::ok();
+  };
+  for (const int l : attention_layers_) PD_TRY(kv(st.kv(l)));
+  if (options_.mtp) {
+    for (int m = 0; m < spec_.mtp_layers; ++m) PD_TRY(kv(st.mtp_kv(m)));
+  }
+  int64_t floats = options_.mtp ? hidden_size_ : 0;
+  for (const int l : gdn_layers_) {
+    const GdnState g = st.gdn(l);
+    for (const Tensor* t : {&g.conv, &g.recurrent}) {
+      if (t->dtype != DType::kF32 || !t->contiguous()) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "prefix cache: a GDN state of {} (stride {} for {} columns)", dtype_name(t->dtype),
+                          t->stride, t->cols);
+      }
+      floats += t->numel();
+    }
+  }
+  if (floats != snapshot_floats_) {
+    return make_error(ErrorCode::kInvalidArgument, "prefix cache: GDN states of {} floats, expected {}",
+                      floats, snapshot_floats_);
+  }
+  return Status::ok();
 }
 
 // Slot s of a block's payload holds kB rows: the block's K or V rows of one layer. The MTP head's slots hold
-// its rows index * kB - 1 .. index * kB + kB - 2 (row 0 of the first block's slot stays unused). Calls
-// f(state rows, first payload row) for every slot, in slot order.
-template <typename F>
-Status PrefixCache::for_each_slot(const SequenceState& st, int index, F&& f) const {
-  int slot = 0;
-  auto rows = [&](const Tensor& t, int first, int r0) -> Status {
-    return f(t.row_slice(first, kB - r0), int64_t{slot++} * kB + r0);
+// its rows index * kB - 1 .. index * kB + kB - 2 (row 0 of the first block's slot stays unused).
+void PrefixCache::block_copies(const Payload& p, const SequenceState& st, int index, bool to_state,
+                               std::vector<CopyRegion>& out) const {
+  const Tensor payload = memory(p);
+  int64_t slot = 0;
+  auto rows = [&](const Tensor& t, int64_t first, int r0) {
+    out.push_back(between(payload, (slot++ * kB + r0) * kv_row_bytes_, t, first * kv_row_bytes_,
+                          (kB - r0) * kv_row_bytes_, to_state));
   };
   for (const int l : attention_layers_) {
-    PD_TRY(rows(st.kv(l).k, index * kB, 0));
-    PD_TRY(rows(st.kv(l).v, index * kB, 0));
+    rows(st.kv(l).k, int64_t{index} * kB, 0);
+    rows(st.kv(l).v, int64_t{index} * kB, 0);
   }
-  if (!options_.mtp) return Status::ok();
+  if (!options_.mtp) return;
   const int r0 = index == 0 ? 1 : 0;
   for (int m = 0; m < spec_.mtp_layers; ++m) {
-    PD_TRY(rows(st.mtp_kv(m).k, index * kB - 1 + r0, r0));
-    PD_TRY(rows(st.mtp_kv(m).v, index * kB - 1 + r0, r0));
+    rows(st.mtp_kv(m).k, int64_t{index} * kB - 1 + r0, r0);
+    rows(st.mtp_kv(m).v, int64_t{index} * kB - 1 + r0, r0);
   }
-  return Status::ok();
-}
-
-Status PrefixCache::save_block(Payload& p, const SequenceState& st, int index) {
-  return for_each_slot(st, index, [&](const Tensor& t, int64_t row) {
-    const Tensor s = p.tier == kDevice ? p.device.row_slice(row, t.rows) : Tensor{};
-    return save(p, row * kv_row_bytes_, s, t);
-  });
-}
-
-Status PrefixCache::load_block(const Payload& p, SequenceState& st, int index) {
-  return for_each_slot(st, index, [&](const Tensor& t, int64_t row) {
-    const Tensor s = p.tier == kDevice ? p.device.row_slice(row, t.rows) : Tensor{};
-    return load(p, row * kv_row_bytes_, s, t);
-  });
 }
 
 // A snapshot is one F32 row: per GDN layer the conv window then the recurrent state, then the hidden row.
-Status PrefixCache::save_snapshot(Payload& p, const SequenceState& st, const Tensor& hidden) {
+void PrefixCache::snapshot_copies(const Payload& p, const SequenceState& st, const Tensor& hidden,
+                                  bool to_state, std::vector<CopyRegion>& out) const {
+  const Tensor payload = memory(p);
   int64_t at = 0;
-  auto put = [&](const Tensor& src) -> Status {
-    const Tensor flat = src.reshaped(1, src.numel());
-    const Tensor s = p.tier == kDevice ? p.device.tensor().col_slice(at, flat.cols) : Tensor{};
-    const int64_t offset = at * 4;
-    at += flat.cols;
-    return save(p, offset, s, flat);
+  auto put = [&](const Tensor& t) {
+    out.push_back(between(payload, at, t, 0, t.nbytes(), to_state));
+    at += t.nbytes();
   };
   for (const int l : gdn_layers_) {
-    PD_TRY(put(st.gdn(l).conv));
-    PD_TRY(put(st.gdn(l).recurrent));
+    put(st.gdn(l).conv);
+    put(st.gdn(l).recurrent);
   }
-  if (options_.mtp) PD_TRY(put(hidden));
-  return Status::ok();
-}
-
-Expected<Tensor> PrefixCache::load_snapshot(const Payload& p, SequenceState& st) {
-  int64_t at = 0;
-  auto get = [&](const Tensor& dst) -> Status {
-    const Tensor flat = dst.reshaped(1, dst.numel());
-    const Tensor s = p.tier == kDevice ? p.device.tensor().col_slice(at, flat.cols) : Tensor{};
-    const int64_t offset = at * 4;
-    at += flat.cols;
-    return load(p, offset, s, flat);
-  };
-  for (const int l : gdn_layers_) {
-    PD_TRY(get(st.gdn(l).conv));
-    PD_TRY(get(st.gdn(l).recurrent));
-  }
-  if (!options_.mtp) return Tensor{};
-  if (p.tier == kDevice) return p.device.tensor().col_slice(at, hidden_size_);
-  if (hidden_.empty()) {
-    PD_ASSIGN_OR_RETURN(hidden_, backend_.alloc(DType::kF32, 1, hidden_size_));
-  }
-  PD_TRY(get(hidden_.tensor()));
-  return hidden_.tensor();
+  if (options_.mtp && !hidden.empty()) put(hidden);
 }
 
 // ---- Tests ----

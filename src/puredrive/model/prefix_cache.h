@@ -19,6 +19,9 @@
 // memory that takes what the device tier evicts. Least recently used payloads go first: a block's KV rows
 // and a snapshot are payloads of their own. Dropping a snapshot drops the blocks left without one at or
 // below them; dropping a block's rows drops the blocks below it.
+//
+// Copies: a restore moves every block's slices and the snapshot with one Backend::copy_many, and a store
+// those of the blocks and snapshot it adds: a few launches on a GPU, whatever the number of blocks.
 #pragma once
 
 #include <cstdint>
@@ -126,16 +129,15 @@ class PrefixCache {
   void touch(std::span<Block* const> path, Payload* snapshot);
   void set_tick(Payload& p);
 
-  // Copies between state tensors and payload slots (a row range of a KV payload, a float range of a
-  // snapshot).
-  Status save(Payload& p, int64_t byte_offset, const Tensor& slot, const Tensor& src);
-  Status load(const Payload& p, int64_t byte_offset, const Tensor& slot, const Tensor& dst);
-  Status save_block(Payload& p, const SequenceState& st, int index);
-  Status load_block(const Payload& p, SequenceState& st, int index);
-  template <typename F>
-  Status for_each_slot(const SequenceState& st, int index, F&& f) const;
-  Status save_snapshot(Payload& p, const SequenceState& st, const Tensor& hidden);
-  Expected<Tensor> load_snapshot(const Payload& p, SequenceState& st);
+  // Copies between state tensors and payloads, appended to `out` for one Backend::copy_many: to the state
+  // (to_state, a restore) or from it. A payload's memory is its device buffer or its host bytes.
+  Tensor memory(const Payload& p) const;
+  Status check_state(const SequenceState& st) const;
+  void block_copies(const Payload& p, const SequenceState& st, int index, bool to_state,
+                    std::vector<CopyRegion>& out) const;
+  // `hidden`: the hidden row's source (store) or destination (restore from host memory); empty: none.
+  void snapshot_copies(const Payload& p, const SequenceState& st, const Tensor& hidden, bool to_state,
+                       std::vector<CopyRegion>& out) const;
 
   Backend& backend_;
   CacheSpec spec_;

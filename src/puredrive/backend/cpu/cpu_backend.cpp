@@ -101,6 +101,15 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < dst.rows; ++r) std::memset(row_ptr(dst, r), 0, row_bytes);
     return Status::ok();
   }
+  Status copy_many(std::span<const CopyRegion> regions) override {
+    PD_TRY(validate_copy_many(Device::kCpu, regions));
+    for (const CopyRegion& r : regions) {
+      if (r.bytes == 0) continue;
+      std::memcpy(static_cast<uint8_t*>(r.dst.data) + r.dst_offset,
+                  static_cast<const uint8_t*>(r.src.data) + r.src_offset, static_cast<size_t>(r.bytes));
+    }
+    return Status::ok();
+  }
   Status synchronize() override { return Status::ok(); }
   int64_t available_memory() const override { return mem_available(); }
 

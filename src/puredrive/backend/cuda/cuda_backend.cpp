@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "puredrive/backend/cuda/copy_runner.h"
 #include "puredrive/backend/cuda/kernels.h"
 #include "puredrive/backend/cuda/sampling.h"
 #include "puredrive/backend/cuda/synth_rng.h"
@@ -215,6 +216,7 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     uploader_.reset();
+    copier_.reset();
     clear_graphs();
     release_retired();
     for (void* p : weights_) cudaFree(p);
@@ -256,6 +258,7 @@ class CudaBackend final : public Backend {
     PD_CUDA_TRY(cudaGetLastError());
     PD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     uploader_ = std::make_unique<cuda::WeightUploader>(device_, stream_);
+    copier_ = std::make_unique<cuda::CopyRunner>(stream_);
     PD_CUDA_TRY(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PD_CUDA_TRY(cudaEventCreate(&graph_start_));
     PD_CUDA_TRY(cudaEventCreate(&graph_end_));
@@ -395,6 +398,28 @@ class CudaBackend final : public Backend {
         },
         "fill_zero");
     return take_error_if_eager();
+  }
+
+  // One launch per round of copy_plan.h; a region between two host tensors is a memcpy here.
+  Status copy_many(std::span<const CopyRegion> regions) override {
+    PD_TRY(validate_copy_many(Device::kCuda, regions));
+    PD_TRY(flush_for_host());
+    std::vector<cuda::CopySpan> spans;
+    spans.reserve(regions.size());
+    for (const CopyRegion& r : regions) {
+      cuda::CopySpan sp{.dst = static_cast<uint8_t*>(r.dst.data) + r.dst_offset,
+                        .src = static_cast<const uint8_t*>(r.src.data) + r.src_offset,
+                        .bytes = r.bytes,
+                        .dst_host = r.dst.device == Device::kCpu,
+                        .src_host = r.src.device == Device::kCpu};
+      if (sp.dst_host && sp.src_host) {
+        std::memcpy(sp.dst, sp.src, static_cast<size_t>(sp.bytes));
+      } else if (sp.bytes > 0) {
+        spans.push_back(sp);
+      }
+    }
+    PD_TRY(copier_->run(spans, stats_.host_waits));
+    return take_error();
   }
 
   Status synchronize() override {
@@ -1040,6 +1065,7 @@ class CudaBackend final : public Backend {
   Signature sig_;
   std::vector<Launch> pending_;
   std::unique_ptr<cuda::WeightUploader> uploader_;
+  std::unique_ptr<cuda::CopyRunner> copier_;
   uint8_t* staging_ = nullptr;
   size_t staging_bytes_ = 0;
   size_t staging_used_ = 0;

@@ -37,8 +37,9 @@ struct CudaStepStats {
   double record_seconds = 0;
   int64_t timed_graphs = 0;
   double graph_seconds = 0;
-  // Times the host waited for the device: download(), synchronize(), upload() outside a step, and a
-  // begin_step() whose previous step was still running (its staged uploads are reused).
+  // Times the host waited for the device: download(), synchronize(), upload() outside a step, a
+  // begin_step() whose previous step was still running (its staged uploads are reused), and a copy_many()
+  // with host destinations or whose pinned buffers were all still in use (cuda/copy_runner.h).
   int64_t host_waits = 0;
 };
 
