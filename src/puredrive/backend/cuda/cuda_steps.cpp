@@ -61,8 +61,6 @@ Status CudaBackend::end_step() {
   return take_error();
 }
 
-// Runs fn now, or records it when a step is being recorded. kind (and rows x cols of a weight) label the op
-// in the profile.
 void CudaBackend::submit(Launch fn, const char* kind, int64_t rows, int64_t cols) {
   if (recording()) {
     pending_.push_back(std::move(fn));
@@ -108,7 +106,6 @@ std::vector<CudaOpTime> CudaBackend::profile() const {
   return v;
 }
 
-// A download or synchronize inside a step: run what was recorded, and the rest of the step eagerly.
 Status CudaBackend::flush_for_host() {
   if (!recording()) return Status::ok();
   for (Launch& fn : pending_) {
@@ -175,7 +172,6 @@ void CudaBackend::clear_graphs() {
   graphs_.clear();
 }
 
-// Pinned host memory for uploads inside a step.
 Expected<uint8_t*> CudaBackend::stage(size_t bytes) {
   const size_t need = round_up(static_cast<int64_t>(staging_used_ + bytes), 256);
   if (staging_ == nullptr || need > staging_bytes_) {
@@ -213,7 +209,6 @@ Expected<void*> CudaBackend::scratch(Scratch& s, int64_t bytes) {
   return s.ptr;
 }
 
-// Frees memory replaced while work may still have referenced it (cudaFree waits for the device).
 void CudaBackend::release_retired() {
   for (void* p : retired_device_) cudaFree(p);
   for (uint8_t* p : retired_host_) cudaFreeHost(p);

@@ -156,8 +156,6 @@ Expected<void*> CudaBackend::device_alloc(int64_t bytes, const std::string& what
   return p;
 }
 
-// Generates matrix m at data / scales / biases (synthetic sources), or appends its host ranges to `copies`
-// for one staged upload (weight_upload.h).
 Status CudaBackend::fill_matrix(const Matrix& m, void* data, void* scales, void* biases,
                                 std::vector<CopyRange>* copies) {
   const MatrixLayout l = layout_of(m);
@@ -215,7 +213,6 @@ Expected<DevMatrix> CudaBackend::upload_matrix(const Matrix& m) {
   return d;
 }
 
-// Experts of one projection stacked in one allocation [E][...], all in one format.
 Expected<DevMatrix> CudaBackend::upload_experts(const std::vector<Matrix>& ms, const char* what) {
   for (const Matrix& m : ms) {
     if (!same_format(m, ms[0])) {
