@@ -1,5 +1,5 @@
-// The CUDA kernels' launch interface, shared by the host code (cuda_backend.cpp, compiled as C++) and the
-// kernels (*.cu). Plain structs of device pointers and sizes; arguments arrive validated.
+// The CUDA kernels' launch interface, shared by the host code (cuda_ops.cpp, cuda_layers.cpp, ..., compiled
+// as C++) and the kernels (*.cu). Plain structs of device pointers and sizes; arguments arrive validated.
 //
 // Row-exactness (backend.h): every kernel computes each row's outputs with the same threads-to-elements
 // mapping and the same reduction tree whatever the number of rows R, and the library is compiled with

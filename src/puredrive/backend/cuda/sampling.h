@@ -1,4 +1,4 @@
-// The sample op on the GPU (backend.h SampleArgs): launch interface shared by cuda_backend.cpp and the
+// The sample op on the GPU (backend.h SampleArgs): launch interface shared by cuda_ops.cpp and the
 // kernels (sampling_*.cu). The math is backend/cpu/sampling.h's, reproduced bit for bit: the same scalar
 // functions (sampling_math.h), exact integer sums, and kept sets defined by a strict order, so that the
 // order in which the GPU reduces never shows in the result.
