@@ -121,6 +121,37 @@ __attribute__((target("avx2,fma"))) float dot_bf16_avx2(const float* a, const ui
   return _mm_cvtss_f32(s1);
 }
 
+// Two dot_bf16s sharing the loads and conversion of w: each row keeps its own four accumulators and
+// dot_bf16_avx2's tail and sum, so every result is bitwise dot_bf16(x, w) (and so dot(x, dequantised w)).
+__attribute__((target("avx2,fma"))) void dot2_bf16_avx2(const float* x0, const float* x1, const uint16_t* w,
+                                                        int64_t n, float* out0, float* out1) {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int c = 0; c < 4; ++c) {
+      const __m256 wv = bf16x8(w + i + 8 * c);
+      a[c] = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + i + 8 * c), wv, a[c]);
+      b[c] = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + i + 8 * c), wv, b[c]);
+    }
+  }
+  for (int c = 0; c < 4 && i < n; ++c, i += 8) {
+    alignas(32) float t0[8] = {}, t1[8] = {};
+    alignas(16) uint16_t tw[8] = {};
+    const int64_t take = n - i < 8 ? n - i : 8;
+    for (int64_t l = 0; l < take; ++l) {
+      t0[l] = x0[i + l];
+      t1[l] = x1[i + l];
+      tw[l] = w[i + l];
+    }
+    const __m256 wv = bf16x8(tw);
+    a[c] = _mm256_fmadd_ps(_mm256_load_ps(t0), wv, a[c]);
+    b[c] = _mm256_fmadd_ps(_mm256_load_ps(t1), wv, b[c]);
+  }
+  *out0 = hsum_canonical(a);
+  *out1 = hsum_canonical(b);
+}
+
 __attribute__((target("avx2,fma,f16c"))) void f16_row_avx2(const uint16_t* src, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -354,9 +385,18 @@ void dot2(const float* x0, const float* x1, const float* w, int64_t n, float* ou
 
 void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, float* out,
              int64_t out_stride, float* buf) {
-  if (m.format == WeightFormat::kBF16 && count <= 1) {
+  if (m.format == WeightFormat::kBF16) {
+    // Converted in registers, not dequantised into buf: a verify step's rows cost their multiply-adds only.
     const uint16_t* w = static_cast<const uint16_t*>(m.data) + r * m.cols;
-    for (int64_t i = 0; i < count; ++i) out[i * out_stride] = dot_bf16(xs[i], w, m.cols);
+    int64_t i = 0;
+#if PD_X86
+    if (kHasAvx2) {
+      for (; i + 2 <= count; i += 2) {
+        dot2_bf16_avx2(xs[i], xs[i + 1], w, m.cols, &out[i * out_stride], &out[(i + 1) * out_stride]);
+      }
+    }
+#endif
+    for (; i < count; ++i) out[i * out_stride] = dot_bf16(xs[i], w, m.cols);
     return;
   }
   const float* w = matrix_row(m, r, buf);
