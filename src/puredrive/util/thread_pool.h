@@ -1,7 +1,11 @@
 // A fixed-size pool with a static partition of work. parallel_for(n, fn) calls fn(i) once for every i in
 // [0, n); each index's work must be self-contained so that results never depend on the thread count.
+// Between jobs a worker spins for a few tens of microseconds before it sleeps on the condition variable,
+// and the caller likewise waits for the last chunk: a decode step is hundreds of jobs of 10-100 us each,
+// where a futex wake-up per job cost a third of the CPU time (tiny coder, 2 threads).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -30,11 +34,13 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
+  // The job is written before generation_ is raised (under mu_, so a worker about to sleep sees it) and
+  // read after a worker sees the new generation.
   const std::function<void(size_t, size_t)>* job_ = nullptr;
   size_t job_n_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace pd
