@@ -215,8 +215,7 @@ int64_t tiles_of(const DevMatrix& m) {
   return (m.rows + kTileN - 1) / kTileN;
 }
 
-}  // namespace
-
+// False when PD_GEMV_MMA=0 (read once): the CUDA-core kernels, for same-run comparisons.
 bool mma_products_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("PD_GEMV_MMA");
@@ -224,6 +223,8 @@ bool mma_products_enabled() {
   }();
   return enabled;
 }
+
+}  // namespace
 
 bool gemv_mma_supported(const DevMatrix& m) {
   return mma_products_enabled() && m.fmt == WFmt::kBF16 && m.cols >= kStep && m.cols % kStep == 0 &&

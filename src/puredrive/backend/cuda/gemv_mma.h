@@ -11,8 +11,6 @@ namespace pd::cuda {
 // (PD_GEMV_MMA=0 turns it off, for comparing the two kernels). The choice depends on the matrix only, never
 // on the step's rows, so verify rows stay bitwise equal to one-row steps.
 bool gemv_mma_supported(const DevMatrix& m);
-// False when PD_GEMV_MMA=0 (read once).
-bool mma_products_enabled();
 // rows <= kMaxRows; the arguments as launch_gemv and launch_gemv_multi take them.
 void launch_gemv_mma(const DevMatrix& w, const float* x, int64_t x_stride, float* out, int64_t out_stride,
                      int rows, bool accumulate, cudaStream_t stream);
