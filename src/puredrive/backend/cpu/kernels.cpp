@@ -59,36 +59,6 @@ __attribute__((target("avx2,fma"))) inline float hsum_canonical(const __m256* ac
   return _mm_cvtss_f32(s1);
 }
 
-// Two canonical dots sharing the loads of w: each row keeps its own four accumulators, so every result is
-// bitwise dot(x, w). The tail (n % 32) goes through the single-row kernel's order.
-__attribute__((target("avx2,fma"))) void dot2_avx2(const float* x0, const float* x1, const float* w,
-                                                   int64_t n, float* out0, float* out1) {
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    for (int c = 0; c < 4; ++c) {
-      const __m256 wv = _mm256_loadu_ps(w + i + 8 * c);
-      a[c] = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + i + 8 * c), wv, a[c]);
-      b[c] = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + i + 8 * c), wv, b[c]);
-    }
-  }
-  for (int c = 0; c < 4 && i < n; ++c, i += 8) {
-    alignas(32) float t0[8] = {}, t1[8] = {}, tw[8] = {};
-    const int64_t take = n - i < 8 ? n - i : 8;
-    for (int64_t l = 0; l < take; ++l) {
-      t0[l] = x0[i + l];
-      t1[l] = x1[i + l];
-      tw[l] = w[i + l];
-    }
-    const __m256 wv = _mm256_load_ps(tw);
-    a[c] = _mm256_fmadd_ps(_mm256_load_ps(t0), wv, a[c]);
-    b[c] = _mm256_fmadd_ps(_mm256_load_ps(t1), wv, b[c]);
-  }
-  *out0 = hsum_canonical(a);
-  *out1 = hsum_canonical(b);
-}
-
 __attribute__((target("avx2,fma"))) inline __m256 bf16x8(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -121,30 +91,40 @@ __attribute__((target("avx2,fma"))) float dot_bf16_avx2(const float* a, const ui
   return _mm_cvtss_f32(s1);
 }
 
-// Two dot_bf16s sharing the loads and conversion of w: each row keeps its own four accumulators and
-// dot_bf16_avx2's tail and sum, so every result is bitwise dot_bf16(x, w) (and so dot(x, dequantised w)).
-__attribute__((target("avx2,fma"))) void dot2_bf16_avx2(const float* x0, const float* x1, const uint16_t* w,
-                                                        int64_t n, float* out0, float* out1) {
+// Eight weights as f32: f32 as stored, bf16 widened.
+__attribute__((target("avx2,fma"))) inline __m256 load_w8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma"))) inline __m256 load_w8(const uint16_t* p) {
+  return bf16x8(p);
+}
+
+// Two canonical dots sharing the loads (and, for bf16, the conversion) of w: each row keeps its own four
+// accumulators, so every result is bitwise dot(x, w) (dot_bf16(x, w) for bf16 weights). The tail (n % 32)
+// goes through the single-row kernels' order: zero-filled lanes add 0*0.
+template <typename W>
+__attribute__((target("avx2,fma"))) void dot2_avx2(const float* x0, const float* x1, const W* w, int64_t n,
+                                                   float* out0, float* out1) {
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
     for (int c = 0; c < 4; ++c) {
-      const __m256 wv = bf16x8(w + i + 8 * c);
+      const __m256 wv = load_w8(w + i + 8 * c);
       a[c] = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + i + 8 * c), wv, a[c]);
       b[c] = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + i + 8 * c), wv, b[c]);
     }
   }
   for (int c = 0; c < 4 && i < n; ++c, i += 8) {
     alignas(32) float t0[8] = {}, t1[8] = {};
-    alignas(16) uint16_t tw[8] = {};
+    alignas(32) W tw[8] = {};
     const int64_t take = n - i < 8 ? n - i : 8;
     for (int64_t l = 0; l < take; ++l) {
       t0[l] = x0[i + l];
       t1[l] = x1[i + l];
       tw[l] = w[i + l];
     }
-    const __m256 wv = bf16x8(tw);
+    const __m256 wv = load_w8(tw);
     a[c] = _mm256_fmadd_ps(_mm256_load_ps(t0), wv, a[c]);
     b[c] = _mm256_fmadd_ps(_mm256_load_ps(t1), wv, b[c]);
   }
@@ -392,7 +372,7 @@ void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, 
 #if PD_X86
     if (kHasAvx2) {
       for (; i + 2 <= count; i += 2) {
-        dot2_bf16_avx2(xs[i], xs[i + 1], w, m.cols, &out[i * out_stride], &out[(i + 1) * out_stride]);
+        dot2_avx2(xs[i], xs[i + 1], w, m.cols, &out[i * out_stride], &out[(i + 1) * out_stride]);
       }
     }
 #endif
