@@ -125,7 +125,7 @@ inline Status check_matrix_shape(const char* op, const Matrix& m, int64_t rows, 
   return Status::ok();
 }
 
-// A weight every backend can bind: not empty; affine with 2..8 bits, groups of a multiple of 32 dividing the
+// A weight every backend can bind: not empty; affine with 2..8 bits, groups of 32, 64 or 128 dividing the
 // columns, scales and biases in bf16/f16/f32.
 inline Status validate_matrix(const Matrix& m) {
   if (m.empty() || m.rows <= 0 || m.cols <= 0) {
@@ -136,11 +136,12 @@ inline Status validate_matrix(const Matrix& m) {
   if (m.bits < 2 || m.bits > 8) {
     return make_error(ErrorCode::kUnsupported, "bind_matrix: {} has {} bits, supported 2..8", m.name, m.bits);
   }
-  if (m.group_size <= 0 || m.group_size % 32 != 0 || m.cols % m.group_size != 0) {
+  // MLX's group sizes (as model_config accepts them): powers of two, which the CUDA kernels index by shifts.
+  if ((m.group_size != 32 && m.group_size != 64 && m.group_size != 128) || m.cols % m.group_size != 0) {
     return make_error(
         ErrorCode::kUnsupported,
-        "bind_matrix: {} has group size {} for {} columns; need a multiple of 32 dividing the columns",
-        m.name, m.group_size, m.cols);
+        "bind_matrix: {} has group size {} for {} columns; need 32, 64 or 128, dividing the columns", m.name,
+        m.group_size, m.cols);
   }
   if (m.scales == nullptr || m.biases == nullptr) {
     return make_error(ErrorCode::kInvalidArgument, "bind_matrix: {} is affine but has no scales/biases",

@@ -151,6 +151,12 @@ TEST(CpuOps, BadShapesAreErrors) {
   odd.bits = 4;
   odd.group_size = 24;
   EXPECT_FALSE(be->bind_matrix(odd).has_value());
+  odd.cols = 96;
+  odd.group_size = 96;  // a multiple of 32 dividing the columns, but not a group size MLX writes
+  const auto bad_group = be->bind_matrix(odd);
+  ASSERT_FALSE(bad_group.has_value());
+  EXPECT_NE(bad_group.status().message().find("need 32, 64 or 128"), std::string::npos)
+      << bad_group.status().message();
 }
 
 }  // namespace
