@@ -12,7 +12,7 @@
 # full ncu sections), PD_CAND_LONG (contexts for one more candidate-only bf16 bench, --fill auto: synthetic
 # above 64K, e.g. 32k,128k,256k; default none), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
 # MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle, default 2.3, in every cell of the
-# bundles whose bench has --accept-mean).
+# bundles whose bench has --accept-mean; PD_MTP_DRAFT_VOCAB: their --mtp-draft-vocab).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -70,6 +70,8 @@ for q in ${PD_QUANTS:-bf16 q8 q6}; do
       mtp=()
       if [ "${PD_MTP_DRAFT:-2}" != 0 ] && with $b build/$b/bin/puredrive_device bench --help 2>/dev/null | grep -q accept-mean; then
         mtp=(--mtp-draft "${PD_MTP_DRAFT:-2}" --accept-mean "${PD_ACCEPT_MEAN:-2.3}")
+        # PD_MTP_DRAFT_VOCAB=N: the drafts' lm_head over the N most frequent ids only (a draft-side option).
+        [ -n "${PD_MTP_DRAFT_VOCAB:-}" ] && mtp+=(--mtp-draft-vocab "$PD_MTP_DRAFT_VOCAB")
       fi
       with $b timeout 150 build/$b/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
         --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 ${mtp[@]+"${mtp[@]}"} --json "$j" \
@@ -107,8 +109,17 @@ for v in "${variants[@]}"; do
   for q in ${PD_VARIANT_QUANTS:-bf16}; do
     IFS=',' read -ra kv <<<"$v"
     j=$det/bench_var_${q}_$(echo "$v" | tr -c 'A-Za-z0-9' _).json
+    # MTP cycles as in the main cells; PD_MTP_DRAFT_VOCAB=N in a variant becomes --mtp-draft-vocab N.
+    vmtp=()
+    if [ "${PD_MTP_DRAFT:-2}" != 0 ]; then
+      vmtp=(--mtp-draft "${PD_MTP_DRAFT:-2}" --accept-mean "${PD_ACCEPT_MEAN:-2.3}")
+      for e in "${kv[@]}"; do
+        case "$e" in PD_MTP_DRAFT_VOCAB=*) vmtp+=(--mtp-draft-vocab "${e#*=}") ;; esac
+      done
+    fi
     with cand env "${kv[@]}" timeout 150 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
-      --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 --json "$j" >/dev/null 2>&1
+      --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 ${vmtp[@]+"${vmtp[@]}"} \
+      --json "$j" >/dev/null 2>&1
     python3 - "$j" "$v" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
 try:
@@ -119,6 +130,11 @@ for c in j["cells"]:
     v = c["verify"]
     print(f"{j['model']['quant']:>4} variant {sys.argv[2]}: {c['decode_tokens_per_second']:7.1f} tok/s, "
           f"step {c['step_ms_median']:.3f} ms, R={v['rows']}/R=1 {v['ratio']:.2f}, row-exact {j.get('row_exact_check',{}).get('pass')}")
+    m = c.get("mtp_cycle")
+    if m:
+        print(f"     MTP K={m['draft_tokens']} draft vocab {m.get('mtp_draft_vocab', '-')}: cycle {m['cycle_ms']:.3f} ms = "
+              f"{m['cycle_over_plain_step']:.2f}x plain, {m['effective_tokens_per_second']:.1f} tok/s = "
+              f"{m['speedup_over_plain']:.2f}x plain, identity {'ok' if m['output_equals_plain'] and m['acceptance_as_scripted'] else 'FAIL'}")
 PY
   done
 done
