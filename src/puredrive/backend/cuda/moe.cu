@@ -11,6 +11,7 @@
 // Each expert's weights are read once per chunk for all rows that use it; a row's result depends only on
 // that row.
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/scratch_carver.h"
 
 namespace pd::cuda {
 namespace {
@@ -28,30 +29,21 @@ struct MoeScratch {
   float* ys;      // [kMaxRows][H]
 };
 
-int64_t align256(int64_t b) {
-  return (b + 255) / 256 * 256;
-}
-
 MoeScratch carve(void* base, int E, int K, int H, int I, int Is, int64_t* total) {
-  uint8_t* p = static_cast<uint8_t*>(base);
-  int64_t off = 0;
-  auto take = [&](int64_t bytes) {
-    uint8_t* q = p == nullptr ? nullptr : p + off;
-    off += align256(bytes);
-    return q;
-  };
+  ScratchCarver c(base);
+  const int64_t R = kMaxRows;
   MoeScratch s;
-  s.logits = reinterpret_cast<float*>(take(int64_t{kMaxRows} * E * 4));
-  s.sg = reinterpret_cast<float*>(take(int64_t{kMaxRows} * 4));
-  s.sel = reinterpret_cast<int*>(take(int64_t{kMaxRows} * K * 4));
-  s.wts = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * 4));
-  s.used = reinterpret_cast<int*>(take(int64_t{E} * 4));
-  s.count = reinterpret_cast<int*>(take(4));
-  s.act = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * I * 4));
-  s.sact = reinterpret_cast<float*>(take(int64_t{kMaxRows} * Is * 4));
-  s.y = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * H * 4));
-  s.ys = reinterpret_cast<float*>(take(int64_t{kMaxRows} * H * 4));
-  if (total != nullptr) *total = off;
+  s.logits = c.take<float>(R * E);
+  s.sg = c.take<float>(R);
+  s.sel = c.take<int>(R * K);
+  s.wts = c.take<float>(R * K);
+  s.used = c.take<int>(E);
+  s.count = c.take<int>(1);
+  s.act = c.take<float>(R * K * I);
+  s.sact = c.take<float>(R * Is);
+  s.y = c.take<float>(R * K * H);
+  s.ys = c.take<float>(R * H);
+  if (total != nullptr) *total = c.bytes();
   return s;
 }
 
@@ -441,26 +433,20 @@ struct MoeWide {
 };
 
 MoeWide carve_wide(void* base, int E, int K, int H, int I, int Is, int64_t* total) {
-  uint8_t* p = static_cast<uint8_t*>(base);
-  int64_t off = 0;
-  auto take = [&](int64_t bytes) {
-    uint8_t* q = p == nullptr ? nullptr : p + off;
-    off += align256(bytes);
-    return q;
-  };
+  ScratchCarver c(base);
   const int64_t B = kMoeWideRows;
   MoeWide w{};
-  w.s.logits = reinterpret_cast<float*>(take(B * E * 4));
-  w.s.sg = reinterpret_cast<float*>(take(B * 4));
-  w.s.sel = reinterpret_cast<int*>(take(B * K * 4));
-  w.s.wts = reinterpret_cast<float*>(take(B * K * 4));
-  w.s.act = reinterpret_cast<float*>(take(B * K * I * 4));
-  w.s.sact = reinterpret_cast<float*>(take(B * Is * 4));
-  w.s.y = reinterpret_cast<float*>(take(B * K * H * 4));
-  w.s.ys = reinterpret_cast<float*>(take(B * H * 4));
-  w.count = reinterpret_cast<int*>(take(int64_t{E} * 4));
-  w.list = reinterpret_cast<int*>(take(int64_t{E} * B * 4));
-  if (total != nullptr) *total = off;
+  w.s.logits = c.take<float>(B * E);
+  w.s.sg = c.take<float>(B);
+  w.s.sel = c.take<int>(B * K);
+  w.s.wts = c.take<float>(B * K);
+  w.s.act = c.take<float>(B * K * I);
+  w.s.sact = c.take<float>(B * Is);
+  w.s.y = c.take<float>(B * K * H);
+  w.s.ys = c.take<float>(B * H);
+  w.count = c.take<int>(E);
+  w.list = c.take<int>(int64_t{E} * B);
+  if (total != nullptr) *total = c.bytes();
   return w;
 }
 
