@@ -121,7 +121,7 @@ Status CudaBackend::matmul(const MatmulArgs& a) {
     cuda::MmaJob j;
     j.part[0] = mma_part(m, a.x, a.out, 0);
     j.parts = 1;
-    j.accumulate = a.accum == Accum::kAdd ? 1 : 0;
+    j.accumulate = a.accum == Accum::kAdd;
     const int tiles = mma_row_tiles(a.x.rows);
     submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmul prefill", m.rows, m.cols);
     return take_error_if_eager();
@@ -138,7 +138,7 @@ Status CudaBackend::matmul(const MatmulArgs& a) {
           j.rows = rows;
           j.out = static_cast<float*>(a.out.data);
           j.os = a.out.stride;
-          j.accumulate = a.accum == Accum::kAdd ? 1 : 0;
+          j.accumulate = a.accum == Accum::kAdd;
           cuda::launch_tiled(j, 1, rows, s);
           return;
         }

@@ -452,11 +452,11 @@ MoeWide carve_wide(void* base, int E, int K, int H, int I, int Is, int64_t* tota
 
 // Warp w of block b routes row 8 b + w, with the decode route's arithmetic.
 __global__ void __launch_bounds__(kBlock)
-    moe_route_rows_kernel(int E, int K, int rows, int norm, MoeScratch s) {
+    moe_route_rows_kernel(int E, int K, int rows, bool norm, MoeScratch s) {
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int r = static_cast<int>(blockIdx.x) * (kBlock / 32) + warp;
   if (r >= rows) return;
-  route_row(s.logits + static_cast<int64_t>(r) * E, E, K, norm != 0, s.sel + r * K, s.wts + r * K);
+  route_row(s.logits + static_cast<int64_t>(r) * E, E, K, norm, s.sel + r * K, s.wts + r * K);
 }
 
 // One thread per expert: its entries in ascending row order.
@@ -489,14 +489,14 @@ void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
     j.out = w.s.sg;
     j.os = 1;
     launch_tiled(j, 1, n, stream);
-    moe_route_rows_kernel<<<grid_for(n, kBlock / 32), kBlock, 0, stream>>>(m.experts, m.top_k, n,
-                                                                           m.norm_topk ? 1 : 0, w.s);
+    moe_route_rows_kernel<<<grid_for(n, kBlock / 32), kBlock, 0, stream>>>(m.experts, m.top_k, n, m.norm_topk,
+                                                                           w.s);
     moe_bucket_kernel<<<grid_for(m.experts, 128), 128, 0, stream>>>(m.experts, m.top_k, n, w);
     // Routed experts: gate/up into act[entry], then down into y[entry].
     TileJob up;
     up.w = m.gate;
     up.w2 = m.up;
-    up.dual = 1;
+    up.dual = true;
     up.x = x;
     up.xs = m.x_stride;
     up.list = w.list;
@@ -521,7 +521,7 @@ void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
     TileJob su;
     su.w = m.sh_gate;
     su.w2 = m.sh_up;
-    su.dual = 1;
+    su.dual = true;
     su.x = x;
     su.xs = m.x_stride;
     su.rows = n;
@@ -551,7 +551,7 @@ void launch_moe_route_rows(const MoeLaunch& m, int rows, const float* logits, in
   s.sel = sel;
   s.wts = wts;
   moe_route_rows_kernel<<<grid_for(rows, kBlock / 32), kBlock, 0, stream>>>(m.experts, m.top_k, rows,
-                                                                            m.norm_topk ? 1 : 0, s);
+                                                                            m.norm_topk, s);
 }
 
 void launch_moe_combine(const MoeLaunch& m, int rows, const float* y, const float* wts, const float* sg,

@@ -126,7 +126,7 @@ void add_part(MmaJob& j, const DevMatrix& w, const DevMatrix* w2, const float* x
   p.out = out;
   p.os = os;
   p.rows = rows;
-  p.grouped = grouped ? 1 : 0;
+  p.grouped = grouped;
   p.list_div = list_div;
   const int per_tile = w2 != nullptr ? kMmaCols / 2 : kMmaCols;
   const int before = j.parts == 0 ? 0 : j.part[j.parts - 1].n_tiles_end;
@@ -183,7 +183,7 @@ void launch_moe_grouped(const MoeLaunch& m, cudaStream_t stream) {
 
   // gate/up of the routed experts and (in the same launch when the formats agree) of the shared expert.
   MmaJob up = lists;
-  up.dual = 1;
+  up.dual = true;
   add_part(up, m.gate, &m.up, m.x, m.x_stride, g.act, m.inter, 0, true, K);
   if (same_kind(m.sh_gate, m.gate) && same_kind(m.sh_up, m.up)) {
     add_part(up, m.sh_gate, &m.sh_up, m.x, m.x_stride, g.sact, m.shared_inter, R, false, 1);
@@ -191,7 +191,7 @@ void launch_moe_grouped(const MoeLaunch& m, cudaStream_t stream) {
   } else {
     launch_mma(up, expert_tiles, stream);
     MmaJob su;
-    su.dual = 1;
+    su.dual = true;
     add_part(su, m.sh_gate, &m.sh_up, m.x, m.x_stride, g.sact, m.shared_inter, R, false, 1);
     launch_mma(su, row_tiles, stream);
   }
