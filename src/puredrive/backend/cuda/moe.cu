@@ -140,7 +140,7 @@ constexpr int kMaxExpertWords = 32;  // experts <= 1024
 
 template <int FMT, int BITS, int NR>
 __global__ void __launch_bounds__(kBlock)
-    moe_router_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, int with_gate, MoeScratch s) {
+    moe_router_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, bool with_gate, MoeScratch s) {
   __shared__ int last;
   __shared__ uint32_t bits[kMaxExpertWords];
   __shared__ int before[kMaxExpertWords];
@@ -592,7 +592,7 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
     with_format(m.router.fmt, m.router.bits, [&](auto f) {
       with_rows_class(n, [&](auto nr) {
         launch_pdl(moe_router_kernel<decltype(f)::kFmt, decltype(f)::kBits, decltype(nr)::value>, router_grid,
-                   dim3(kBlock), 0, stream, m, x, m.x_stride, n, m.router_gate_fused ? 1 : 0, s);
+                   dim3(kBlock), 0, stream, m, x, m.x_stride, n, m.router_gate_fused, s);
       });
     });
     mark(1);
