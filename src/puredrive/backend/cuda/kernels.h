@@ -257,6 +257,9 @@ struct MoeLaunch {
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
 // Decode steps (chunks of kMaxRows rows); steps wider than kMaxRows run the tiled reference path.
 void launch_moe(const MoeLaunch& m, cudaStream_t stream);
+// The tiled reference path (moe_wide.cu), for any number of rows; moe_scratch_bytes covers its scratch.
+int64_t moe_wide_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
+void launch_moe_wide(const MoeLaunch& m, cudaStream_t stream);
 // Prefill (moe_grouped.cu): the block as grouped tensor-core products over every row of the step at once;
 // scratch: moe_grouped_scratch_bytes for m.rows rows.
 int64_t moe_grouped_scratch_bytes(int rows, int experts, int top_k, int hidden, int inter, int shared_inter);

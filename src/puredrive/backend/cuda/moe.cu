@@ -9,7 +9,8 @@
 // 4. combine per (row, column): ((0 + w_1 y_1) + w_2 y_2 ...) over the selected experts in ascending id, then
 //    + sigmoid(x . w_sg) * y_shared, as the CPU backend sums.
 // Each expert's weights are read once per chunk for all rows that use it; a row's result depends only on
-// that row.
+// that row. Wider steps run moe_grouped.cu (tensor cores) or moe_wide.cu (tiled reference path), which
+// share this file's route and combine kernels (launch_moe_route_rows, launch_moe_combine).
 #include "puredrive/backend/cuda/common.cuh"
 #include "puredrive/backend/cuda/scratch_carver.h"
 
@@ -404,7 +405,7 @@ void launch_down_combine(const MoeLaunch& m, int rows, const MoeScratch& s, cuda
   });
 }
 
-__global__ void moe_combine_kernel(MoeLaunch m, int r0, int rows, MoeScratch s) {
+__global__ void moe_combine_kernel(MoeLaunch m, int rows, MoeScratch s) {
   const int64_t total = static_cast<int64_t>(rows) * m.hidden;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -415,39 +416,9 @@ __global__ void moe_combine_kernel(MoeLaunch m, int r0, int rows, MoeScratch s) 
       acc = acc + s.y[(static_cast<int64_t>(r) * m.top_k + k) * m.hidden + n] * s.wts[r * m.top_k + k];
     }
     const float v = acc + sigmoidf_(s.sg[r]) * s.ys[r * m.hidden + n];
-    float* o = m.out + (r0 + r) * m.out_stride + n;
+    float* o = m.out + r * m.out_stride + n;
     *o = m.accumulate ? *o + v : v;
   }
-}
-
-// ---- Wide steps (prefill, R > kMaxRows): passes of up to kMoeWideRows rows through tiled products ----
-// route per row (the decode route's arithmetic, one block per row), then per expert the ascending list of
-// (row, slot) entries that selected it; gate/up and down as tiled products over each expert's entries; the
-// decode combine. Each expert's weights are read once per kTileRows of its entries.
-constexpr int kMoeWideRows = 256;
-
-struct MoeWide {
-  MoeScratch s;  // logits/sg/sel/wts/act/sact/y/ys sized for kMoeWideRows rows
-  int* count;    // [E]: entries per expert
-  int* list;     // [E][kMoeWideRows]: entry r * K + slot, ascending r
-};
-
-MoeWide carve_wide(void* base, int E, int K, int H, int I, int Is, int64_t* total) {
-  ScratchCarver c(base);
-  const int64_t B = kMoeWideRows;
-  MoeWide w{};
-  w.s.logits = c.take<float>(B * E);
-  w.s.sg = c.take<float>(B);
-  w.s.sel = c.take<int>(B * K);
-  w.s.wts = c.take<float>(B * K);
-  w.s.act = c.take<float>(B * K * I);
-  w.s.sact = c.take<float>(B * Is);
-  w.s.y = c.take<float>(B * K * H);
-  w.s.ys = c.take<float>(B * H);
-  w.count = c.take<int>(E);
-  w.list = c.take<int>(int64_t{E} * B);
-  if (total != nullptr) *total = c.bytes();
-  return w;
 }
 
 // Warp w of block b routes row 8 b + w, with the decode route's arithmetic.
@@ -457,89 +428,6 @@ __global__ void __launch_bounds__(kBlock)
   const int r = static_cast<int>(blockIdx.x) * (kBlock / 32) + warp;
   if (r >= rows) return;
   route_row(s.logits + static_cast<int64_t>(r) * E, E, K, norm, s.sel + r * K, s.wts + r * K);
-}
-
-// One thread per expert: its entries in ascending row order.
-__global__ void moe_bucket_kernel(int E, int K, int rows, MoeWide w) {
-  const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (e >= E) return;
-  int n = 0;
-  for (int r = 0; r < rows; ++r) {
-    for (int i = 0; i < K; ++i) {
-      if (w.s.sel[r * K + i] == e) w.list[static_cast<int64_t>(e) * kMoeWideRows + n++] = r * K + i;
-    }
-  }
-  w.count[e] = n;
-}
-
-void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
-  const MoeWide w = carve_wide(m.scratch, m.experts, m.top_k, m.hidden, m.inter, m.shared_inter, nullptr);
-  for (int r0 = 0; r0 < m.rows; r0 += kMoeWideRows) {
-    const int n = m.rows - r0 < kMoeWideRows ? m.rows - r0 : kMoeWideRows;
-    const float* x = m.x + r0 * m.x_stride;
-    TileJob j;
-    j.x = x;
-    j.xs = m.x_stride;
-    j.rows = n;
-    j.w = m.router;
-    j.out = w.s.logits;
-    j.os = m.experts;
-    launch_tiled(j, 1, n, stream);
-    j.w = m.shared_gate;
-    j.out = w.s.sg;
-    j.os = 1;
-    launch_tiled(j, 1, n, stream);
-    moe_route_rows_kernel<<<grid_for(n, kBlock / 32), kBlock, 0, stream>>>(m.experts, m.top_k, n, m.norm_topk,
-                                                                           w.s);
-    moe_bucket_kernel<<<grid_for(m.experts, 128), 128, 0, stream>>>(m.experts, m.top_k, n, w);
-    // Routed experts: gate/up into act[entry], then down into y[entry].
-    TileJob up;
-    up.w = m.gate;
-    up.w2 = m.up;
-    up.dual = true;
-    up.x = x;
-    up.xs = m.x_stride;
-    up.list = w.list;
-    up.list_stride = kMoeWideRows;
-    up.list_div = m.top_k;
-    up.count = w.count;
-    up.out = w.s.act;
-    up.os = m.inter;
-    launch_tiled(up, m.experts, n, stream);
-    TileJob dn;
-    dn.w = m.down;
-    dn.x = w.s.act;
-    dn.xs = m.inter;
-    dn.list = w.list;
-    dn.list_stride = kMoeWideRows;
-    dn.list_div = 1;
-    dn.count = w.count;
-    dn.out = w.s.y;
-    dn.os = m.hidden;
-    launch_tiled(dn, m.experts, n, stream);
-    // The shared expert over all rows.
-    TileJob su;
-    su.w = m.sh_gate;
-    su.w2 = m.sh_up;
-    su.dual = true;
-    su.x = x;
-    su.xs = m.x_stride;
-    su.rows = n;
-    su.out = w.s.sact;
-    su.os = m.shared_inter;
-    launch_tiled(su, 1, n, stream);
-    TileJob sd;
-    sd.w = m.sh_down;
-    sd.x = w.s.sact;
-    sd.xs = m.shared_inter;
-    sd.rows = n;
-    sd.out = w.s.ys;
-    sd.os = m.hidden;
-    launch_tiled(sd, 1, n, stream);
-    const int64_t total = static_cast<int64_t>(n) * m.hidden;
-    const unsigned blocks = grid_for(total, kBlock) < 4096 ? grid_for(total, kBlock) : 4096;
-    moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, r0, n, w.s);
-  }
 }
 
 }  // namespace
@@ -563,13 +451,13 @@ void launch_moe_combine(const MoeLaunch& m, int rows, const float* y, const floa
   s.ys = const_cast<float*>(ys);
   const int64_t total = static_cast<int64_t>(rows) * m.hidden;
   const unsigned blocks = grid_for(total, kBlock) < 4096 ? grid_for(total, kBlock) : 4096;
-  moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, 0, rows, s);
+  moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, rows, s);
 }
 
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter) {
-  int64_t total = 0, wide = 0;
+  int64_t total = 0;
   carve(nullptr, experts, top_k, hidden, inter, shared_inter, &total);
-  carve_wide(nullptr, experts, top_k, hidden, inter, shared_inter, &wide);
+  const int64_t wide = moe_wide_scratch_bytes(experts, top_k, hidden, inter, shared_inter);
   return total > wide ? total : wide;
 }
 
@@ -628,7 +516,7 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
 
 void launch_moe(const MoeLaunch& m, cudaStream_t stream) {
   if (m.rows > kMaxRows) {
-    run_moe_wide(m, stream);
+    launch_moe_wide(m, stream);
     return;
   }
   run_moe(m, stream, nullptr);
