@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "puredrive/backend/cpu/sampling.h"
 #include "puredrive/backend/cuda/cuda_backend_impl.h"
 #include "puredrive/backend/cuda/sampling.h"
 
@@ -47,6 +48,14 @@ static_assert(static_cast<int>(SampleStatus::kNonFinite) == 1 &&
               static_cast<int>(SampleStatus::kAllMasked) == 2 &&
               static_cast<int>(SampleStatus::kDraftNotInDraft) == 3 &&
               static_cast<int>(SampleStatus::kBadToken) == 4);
+
+static_assert(static_cast<int>(cuda::SampleRule::kGreedy) == static_cast<int>(SampleRule::kGreedy) &&
+              static_cast<int>(cuda::SampleRule::kTokenwise) == static_cast<int>(SampleRule::kTokenwise) &&
+              static_cast<int>(cuda::SampleRule::kBlock) == static_cast<int>(SampleRule::kBlock) &&
+              static_cast<int>(cuda::SampleRule::kSeeded) == static_cast<int>(SampleRule::kSeeded));
+static_assert(static_cast<int32_t>(cuda::Faulty::kBlockUncapped) == sampling::kFaultyBlockUncapped &&
+              static_cast<int32_t>(cuda::Faulty::kBlockFirstFailure) == sampling::kFaultyBlockFirstFailure &&
+              static_cast<int32_t>(cuda::Faulty::kTokenwiseResample) == sampling::kFaultyTokenwiseResample);
 
 Status CudaBackend::embed(const EmbedArgs& a) {
   PD_ASSIGN_OR_RETURN(const DevMatrix* table, matrix("embed", a.table));
@@ -234,8 +243,8 @@ Status CudaBackend::sample(const SampleArgs& a) {
   PD_TRY(validate_sample(a, Device::kCuda));
   const bool needs_q = a.rule == SampleRule::kTokenwise || a.rule == SampleRule::kBlock;
   cuda::SampleLaunch l;
-  l.rule = static_cast<int>(a.rule);
-  l.faulty = a.faulty;
+  l.rule = static_cast<cuda::SampleRule>(a.rule);
+  l.faulty = static_cast<cuda::Faulty>(a.faulty);
   l.target = row_params(a.target);
   l.draft = row_params(a.draft);
   l.logits = static_cast<const float*>(a.logits.data);
@@ -249,18 +258,18 @@ Status CudaBackend::sample(const SampleArgs& a) {
   }
   l.drafts = static_cast<int32_t*>(a.drafts.data);
   l.prior = a.prior;
-  l.write_draft = a.write_draft ? 1 : 0;
+  l.write_draft = a.write_draft;
   l.bias = static_cast<const float*>(a.bias.data);
   l.history = static_cast<int32_t*>(a.history.data);
-  l.commit = a.commit ? 1 : 0;
+  l.commit = a.commit;
   l.control = static_cast<const int64_t*>(a.control.data);
   l.logprobs = a.logprobs;
   l.out = static_cast<int32_t*>(a.out.data);
   PD_ASSIGN_OR_RETURN(l.scratch, scratch(sample_scratch_, cuda::sample_scratch_bytes(l.rows, l.draft_rows,
                                                                                      l.vocab, l.logprobs)));
   sig_.add(OpTag::kSample);
-  for (int32_t v :
-       {l.rule, l.faulty, l.prior, l.write_draft, l.commit, l.logprobs, a.target.top_k, a.draft.top_k}) {
+  for (int32_t v : {static_cast<int32_t>(a.rule), a.faulty, a.prior, static_cast<int32_t>(a.write_draft),
+                    static_cast<int32_t>(a.commit), a.logprobs, a.target.top_k, a.draft.top_k}) {
     sig_.add(v);
   }
   for (const SampleParams* p : {&a.target, &a.draft}) {

@@ -82,11 +82,15 @@ struct RowState {
   unsigned int cand_id[kCap];
 };
 
+// How the final token is found: known (next), drawn from row draw_row, or drawn from its residual against
+// row draw_qrow.
+enum class DrawMode : int { kKnown, kRow, kResidual };
+
 struct CallState {
   int status, d1, d2;      // a bad draft or a draft that q cannot produce
   unsigned int row_error;  // min of row << 22 | slot
   int accepted, next;
-  int draw_mode;  // 0: next is known; 1: draw from row draw_row; 2: its residual against row draw_qrow
+  DrawMode draw_mode;
   int draw_row, draw_qrow;
   unsigned int done_blocks;
   double draw_scale;
