@@ -48,7 +48,6 @@ static_assert(static_cast<int>(SampleStatus::kNonFinite) == 1 &&
               static_cast<int>(SampleStatus::kAllMasked) == 2 &&
               static_cast<int>(SampleStatus::kDraftNotInDraft) == 3 &&
               static_cast<int>(SampleStatus::kBadToken) == 4);
-
 static_assert(static_cast<int>(cuda::SampleRule::kGreedy) == static_cast<int>(SampleRule::kGreedy) &&
               static_cast<int>(cuda::SampleRule::kTokenwise) == static_cast<int>(SampleRule::kTokenwise) &&
               static_cast<int>(cuda::SampleRule::kBlock) == static_cast<int>(SampleRule::kBlock) &&
@@ -59,9 +58,7 @@ static_assert(static_cast<int32_t>(cuda::Faulty::kBlockUncapped) == sampling::kF
 
 Status CudaBackend::embed(const EmbedArgs& a) {
   PD_ASSIGN_OR_RETURN(const DevMatrix* table, matrix("embed", a.table));
-  const int64_t rows = a.tokens.rows;
-  PD_TRY(check_tensor("embed", "tokens", a.tokens, DType::kI32, -1, 1));
-  PD_TRY(check_tensor("embed", "out", a.out, DType::kF32, rows, table->cols));
+  PD_TRY(validate_embed(Device::kCuda, a, table->cols));
   sig_.add(OpTag::kEmbed);
   sig_.add(a.table.index);
   sig_.add(a.tokens);
@@ -78,8 +75,7 @@ Status CudaBackend::embed(const EmbedArgs& a) {
 
 Status CudaBackend::rms_norm(const RmsNormArgs& a) {
   PD_ASSIGN_OR_RETURN(const DevVector* w, vector("rms_norm", a.weight));
-  PD_TRY(check_tensor("rms_norm", "x", a.x, DType::kF32, -1, w->size));
-  PD_TRY(check_tensor("rms_norm", "out", a.out, DType::kF32, a.x.rows, w->size));
+  PD_TRY(validate_rms_norm(Device::kCuda, a, w->size));
   sig_.add(OpTag::kRmsNorm);
   sig_.add(a.x);
   sig_.add(a.weight.index);
@@ -97,9 +93,7 @@ Status CudaBackend::rms_norm(const RmsNormArgs& a) {
 }
 
 Status CudaBackend::add(const AddArgs& a) {
-  PD_TRY(check_tensor("add", "a", a.a, DType::kF32, -1, -1));
-  PD_TRY(check_tensor("add", "b", a.b, DType::kF32, a.a.rows, a.a.cols));
-  PD_TRY(check_tensor("add", "out", a.out, DType::kF32, a.a.rows, a.a.cols));
+  PD_TRY(validate_add(Device::kCuda, a));
   sig_.add(OpTag::kAdd);
   sig_.add(a.a);
   sig_.add(a.b);
@@ -116,8 +110,7 @@ Status CudaBackend::add(const AddArgs& a) {
 
 Status CudaBackend::matmul(const MatmulArgs& a) {
   PD_ASSIGN_OR_RETURN(const DevMatrix* w, matrix("matmul", a.w));
-  PD_TRY(check_tensor("matmul", "x", a.x, DType::kF32, -1, w->cols));
-  PD_TRY(check_tensor("matmul", "out", a.out, DType::kF32, a.x.rows, w->rows));
+  PD_TRY(validate_product(Device::kCuda, "matmul", a.x, a.out, w->rows, w->cols));
   const Kernels k = kernels_for(a.prefill, a.x.rows);
   sig_.add(OpTag::kMatmul);
   sig_.add(a.w.index);
@@ -173,8 +166,7 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
   for (size_t i = 0; i < count && fused; ++i) {
     const MatmulTarget& t = a.targets[i];
     PD_ASSIGN_OR_RETURN(const DevMatrix* w, matrix("matmuls", t.w));
-    PD_TRY(check_tensor("matmuls", "x", a.x, DType::kF32, -1, w->cols));
-    PD_TRY(check_tensor("matmuls", "out", t.out, DType::kF32, a.x.rows, w->rows));
+    PD_TRY(validate_product(Device::kCuda, "matmuls", a.x, t.out, w->rows, w->cols));
     const DevMatrix& first = i == 0 ? *w : g.m[0];
     fused = w->fmt == first.fmt && w->bits == first.bits && w->cols == first.cols &&
             (w->fmt != WFmt::kAffine ||
@@ -214,8 +206,7 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
 }
 
 Status CudaBackend::argmax(const ArgmaxArgs& a) {
-  PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
-  PD_TRY(check_tensor("argmax", "out", a.out, DType::kI32, a.x.rows, 1));
+  PD_TRY(validate_argmax(Device::kCuda, a));
   const int n = static_cast<int>(a.x.cols);
   void* scr = nullptr;
   if (n >= kWideArgmax) {
