@@ -50,7 +50,7 @@ static_assert(static_cast<int>(SampleStatus::kNonFinite) == 1 &&
               static_cast<int>(SampleStatus::kBadToken) == 4);
 static_assert(static_cast<int>(cuda::SampleRule::kGreedy) == static_cast<int>(SampleRule::kGreedy) &&
               static_cast<int>(cuda::SampleRule::kTokenwise) == static_cast<int>(SampleRule::kTokenwise) &&
-              static_cast<int>(cuda::SampleRule::kBlock) == static_cast<int>(SampleRule::kBlock) &&
+              static_cast<int>(cuda::SampleRule::kBlockwise) == static_cast<int>(SampleRule::kBlock) &&
               static_cast<int>(cuda::SampleRule::kSeeded) == static_cast<int>(SampleRule::kSeeded));
 static_assert(static_cast<int32_t>(cuda::Faulty::kBlockUncapped) == sampling::kFaultyBlockUncapped &&
               static_cast<int32_t>(cuda::Faulty::kBlockFirstFailure) == sampling::kFaultyBlockFirstFailure &&

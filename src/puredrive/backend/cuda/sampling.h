@@ -32,9 +32,9 @@ struct SampleRowParams {
   float repetition = 1.0f;
 };
 
-// backend.h SampleRule, and the deliberately wrong variants the exactness tests use (backend/cpu/sampling.h
-// kFaulty*; cuda_ops.cpp checks that the values agree).
-enum class SampleRule : int32_t { kGreedy = 0, kTokenwise = 1, kBlock = 2, kSeeded = 3 };
+// backend.h SampleRule (kBlockwise: its kBlock, a name kernels.h takes), and the deliberately wrong variants
+// the exactness tests use (backend/cpu/sampling.h kFaulty*); cuda_ops.cpp checks that the values agree.
+enum class SampleRule : int32_t { kGreedy = 0, kTokenwise = 1, kBlockwise = 2, kSeeded = 3 };
 enum class Faulty : int32_t { kNone = 0, kBlockUncapped = 1, kBlockFirstFailure = 2, kTokenwiseResample = 3 };
 
 struct SampleLaunch {

@@ -179,7 +179,7 @@ __global__ void k_decide(SampleLaunch s, Layout L) {
       }
       set_draw(c, k, DrawMode::kRow, k, 0, 1.0);
       return;
-    case SampleRule::kBlock: {
+    case SampleRule::kBlockwise: {
       int tau = 0;
       bool fail = false;
       for (int i = 1; i <= k; ++i) {
@@ -439,13 +439,13 @@ void launch_sample_impl(const SampleLaunch& s, cudaStream_t stream) {
   const unsigned int nb = static_cast<unsigned int>(L.nb);
   if (s.rule == SampleRule::kSeeded)
     PD_SAMPLE_LAUNCH(k_seeded, dim3(nb, static_cast<unsigned int>(s.rows)), kThreads, stream, s, L);
-  if (s.rule == SampleRule::kBlock && k >= 1) {
+  if (s.rule == SampleRule::kBlockwise && k >= 1) {
     PD_SAMPLE_LAUNCH(k_accept_prep, 1, 32, stream, s, L);
     if (k >= 2)
       PD_SAMPLE_LAUNCH(k_residual_mass, dim3(nb, static_cast<unsigned int>(k - 1)), kThreads, stream, s, L);
   }
   PD_SAMPLE_LAUNCH(k_decide, 1, 32, stream, s, L);
-  if (s.rule == SampleRule::kTokenwise || s.rule == SampleRule::kBlock)
+  if (s.rule == SampleRule::kTokenwise || s.rule == SampleRule::kBlockwise)
     PD_SAMPLE_LAUNCH(k_draw, nb, kThreads, stream, s, L);
   if (s.logprobs >= 0)
     PD_SAMPLE_LAUNCH(k_logprobs, dim3(nb, static_cast<unsigned int>(s.rows)), kThreads, stream, s, L);
