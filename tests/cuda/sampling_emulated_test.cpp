@@ -39,8 +39,8 @@ SampleResult run_emulated(const SampleCase& c) {
   r.out.assign(static_cast<size_t>(sample_out_words(c.rows, c.logprobs)), 12345);
   const bool needs_q = c.rule == SampleRule::kTokenwise || c.rule == SampleRule::kBlock;
   cuda::SampleLaunch l;
-  l.rule = static_cast<int>(c.rule);
-  l.faulty = c.faulty;
+  l.rule = static_cast<cuda::SampleRule>(c.rule);
+  l.faulty = static_cast<cuda::Faulty>(c.faulty);
   l.target = row_params(c.target);
   l.draft = row_params(c.draft);
   l.logits = c.logits.data();
@@ -52,10 +52,10 @@ SampleResult run_emulated(const SampleCase& c) {
   l.draft_stride = c.vocab;
   l.drafts = r.drafts.empty() ? nullptr : r.drafts.data();
   l.prior = c.prior;
-  l.write_draft = c.write_draft ? 1 : 0;
+  l.write_draft = c.write_draft;
   l.bias = c.bias.empty() ? nullptr : c.bias.data();
   l.history = r.history.empty() ? nullptr : r.history.data();
-  l.commit = c.commit ? 1 : 0;
+  l.commit = c.commit;
   l.control = c.control.data();
   l.logprobs = c.logprobs;
   l.out = r.out.data();

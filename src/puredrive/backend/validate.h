@@ -233,6 +233,95 @@ inline Status validate_gated_delta_net(Device device, const GatedDeltaNetArgs& a
   return Status::ok();
 }
 
+// ---- The ops' arguments (backend.h *Args) in `device` memory, once the backend has resolved the handles
+// they name (the sizes passed in). A backend adds what its own kernels need after these.
+
+inline Status validate_alloc(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) {
+    return make_error(ErrorCode::kInvalidArgument, "alloc: negative shape [{}, {}]", rows, cols);
+  }
+  return Status::ok();
+}
+
+inline Status validate_copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype != src.dtype || dst.rows != src.rows || dst.cols != src.cols) {
+    return make_error(ErrorCode::kInvalidArgument, "copy: [{}, {}] {} into [{}, {}] {}", src.rows, src.cols,
+                      dtype_name(src.dtype), dst.rows, dst.cols, dtype_name(dst.dtype));
+  }
+  return Status::ok();
+}
+
+// width: the table's columns.
+inline Status validate_embed(Device device, const EmbedArgs& a, int64_t width) {
+  PD_TRY(check_tensor_on(device, "embed", "tokens", a.tokens, DType::kI32, -1, 1));
+  return check_tensor_on(device, "embed", "out", a.out, DType::kF32, a.tokens.rows, width);
+}
+
+// n: the weight's size.
+inline Status validate_rms_norm(Device device, const RmsNormArgs& a, int64_t n) {
+  PD_TRY(check_tensor_on(device, "rms_norm", "x", a.x, DType::kF32, -1, n));
+  return check_tensor_on(device, "rms_norm", "out", a.out, DType::kF32, a.x.rows, n);
+}
+
+inline Status validate_add(Device device, const AddArgs& a) {
+  PD_TRY(check_tensor_on(device, "add", "a", a.a, DType::kF32, -1, -1));
+  PD_TRY(check_tensor_on(device, "add", "b", a.b, DType::kF32, a.a.rows, a.a.cols));
+  return check_tensor_on(device, "add", "out", a.out, DType::kF32, a.a.rows, a.a.cols);
+}
+
+// x [R, w.cols] . w^T into out [R, w.rows] (matmul, and each target of matmuls).
+inline Status validate_product(Device device, const char* op, const Tensor& x, const Tensor& out,
+                               int64_t w_rows, int64_t w_cols) {
+  PD_TRY(check_tensor_on(device, op, "x", x, DType::kF32, -1, w_cols));
+  return check_tensor_on(device, op, "out", out, DType::kF32, x.rows, w_rows);
+}
+
+// Dims, tensor shapes, and KV caches of one shape and dtype in `device` memory. Not the positions' values,
+// which are in device memory on a GPU.
+inline Status validate_gated_attention(Device device, const GatedAttentionArgs& a) {
+  const char* op = "gated_attention";
+  const AttentionDims& d = a.dims;
+  if (d.num_heads <= 0 || d.num_kv_heads <= 0 || d.num_heads % d.num_kv_heads != 0 || d.head_dim <= 0 ||
+      d.rotary_dim < 0 || d.rotary_dim > d.head_dim || d.rotary_dim % 2 != 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: bad dims (heads {}, kv heads {}, head dim {}, rotary dim {})", op, d.num_heads,
+                      d.num_kv_heads, d.head_dim, d.rotary_dim);
+  }
+  const int64_t rows = a.qg.rows;
+  const int64_t q_width = int64_t{d.num_heads} * d.head_dim;
+  const int64_t kv_width = int64_t{d.num_kv_heads} * d.head_dim;
+  PD_TRY(check_tensor_on(device, op, "qg", a.qg, DType::kF32, -1, 2 * q_width));
+  PD_TRY(check_tensor_on(device, op, "k", a.k, DType::kF32, rows, kv_width));
+  PD_TRY(check_tensor_on(device, op, "v", a.v, DType::kF32, rows, kv_width));
+  PD_TRY(check_tensor_on(device, op, "out", a.out, DType::kF32, rows, q_width));
+  PD_TRY(check_tensor_on(device, op, "positions", a.positions, DType::kI32, rows, 1));
+  for (const bool is_k : {true, false}) {
+    const Tensor& t = is_k ? a.cache.k : a.cache.v;
+    const char* arg = is_k ? "cache.k" : "cache.v";
+    PD_TRY(check_kv_layout(op, arg, t, kv_width));
+    if (t.device != device) {
+      return make_error(ErrorCode::kInvalidArgument, "{}: {} is not {} memory", op, arg, device_name(device));
+    }
+  }
+  if (a.cache.k.rows != a.cache.v.rows || a.cache.k.dtype != a.cache.v.dtype) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: cache.k and cache.v differ in shape or dtype", op);
+  }
+  return Status::ok();
+}
+
+// hidden: the block's width.
+inline Status validate_moe_args(Device device, const MoeArgs& a, int64_t hidden) {
+  PD_TRY(check_tensor_on(device, "moe", "x", a.x, DType::kF32, -1, hidden));
+  PD_TRY(check_tensor_on(device, "moe", "out", a.out, DType::kF32, a.x.rows, hidden));
+  if (a.x.data == a.out.data) return make_error(ErrorCode::kInvalidArgument, "moe: out aliases x");
+  return Status::ok();
+}
+
+inline Status validate_argmax(Device device, const ArgmaxArgs& a) {
+  PD_TRY(check_tensor_on(device, "argmax", "x", a.x, DType::kF32, -1, -1));
+  return check_tensor_on(device, "argmax", "out", a.out, DType::kI32, a.x.rows, 1);
+}
+
 inline Status check_sample_params(const char* which, const SampleParams& p) {
   const bool ok = p.temperature >= 0.0f && p.temperature < 1e30f && p.top_k >= 0 && p.top_p > 0.0f &&
                   p.top_p <= 1.0f && p.min_p >= 0.0f && p.min_p <= 1.0f && p.repetition_penalty > 0.0f &&

@@ -16,19 +16,9 @@
 namespace pd {
 namespace {
 
-// ---- Argument validation (backend/validate.h), in CPU memory.
-
-Status check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype, int64_t rows,
-                    int64_t cols) {
-  return check_tensor_on(Device::kCpu, op, arg, t, dtype, rows, cols);
-}
-
-Status check_kv(const char* op, const char* arg, const Tensor& t, int64_t cols) {
-  return check_kv_layout(op, arg, t, cols);
-}
-
+// Argument validation is backend/validate.h's, in CPU memory, plus what only the CPU can read: the
+// positions' values (positions checked by validate_gated_attention).
 Status check_positions(const char* op, const Tensor& positions, int64_t rows, int64_t capacity) {
-  PD_TRY(check_tensor(op, "positions", positions, DType::kI32, rows, 1));
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t p = *positions.row<int32_t>(r);
     if (p < 0 || p >= capacity) {
@@ -64,9 +54,7 @@ class CpuBackend final : public Backend {
   }
 
   Expected<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) override {
-    if (rows < 0 || cols < 0) {
-      return make_error(ErrorCode::kInvalidArgument, "alloc: negative shape [{}, {}]", rows, cols);
-    }
+    PD_TRY(validate_alloc(rows, cols));
     const size_t bytes = static_cast<size_t>(rows * cols) * dtype_size(dtype);
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
@@ -88,10 +76,7 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
   Status copy(const Tensor& dst, const Tensor& src) override {
-    if (dst.dtype != src.dtype || dst.rows != src.rows || dst.cols != src.cols) {
-      return make_error(ErrorCode::kInvalidArgument, "copy: [{}, {}] {} into [{}, {}] {}", src.rows, src.cols,
-                        dtype_name(src.dtype), dst.rows, dst.cols, dtype_name(dst.dtype));
-    }
+    PD_TRY(validate_copy(dst, src));
     const size_t row_bytes = static_cast<size_t>(src.cols) * dtype_size(src.dtype);
     for (int64_t r = 0; r < src.rows; ++r) std::memcpy(row_ptr(dst, r), row_ptr(src, r), row_bytes);
     return Status::ok();
@@ -131,8 +116,7 @@ class CpuBackend final : public Backend {
   Status embed(const EmbedArgs& a) override {
     PD_ASSIGN_OR_RETURN(const Matrix* table, matrix("embed", a.table));
     const int64_t rows = a.tokens.rows;
-    PD_TRY(check_tensor("embed", "tokens", a.tokens, DType::kI32, -1, 1));
-    PD_TRY(check_tensor("embed", "out", a.out, DType::kF32, rows, table->cols));
+    PD_TRY(validate_embed(Device::kCpu, a, table->cols));
     for (int64_t r = 0; r < rows; ++r) {
       const int32_t id = *a.tokens.row<int32_t>(r);
       if (id < 0 || id >= table->rows) {
@@ -148,49 +132,28 @@ class CpuBackend final : public Backend {
   Status rms_norm(const RmsNormArgs& a) override {
     PD_ASSIGN_OR_RETURN(const std::vector<float>* w, vector("rms_norm", a.weight));
     const int64_t n = static_cast<int64_t>(w->size());
-    PD_TRY(check_tensor("rms_norm", "x", a.x, DType::kF32, -1, n));
-    PD_TRY(check_tensor("rms_norm", "out", a.out, DType::kF32, a.x.rows, n));
+    PD_TRY(validate_rms_norm(Device::kCpu, a, n));
     cpu::rms_norm(ex_, a.x, w->data(), a.eps, a.out);
     return Status::ok();
   }
 
   Status add(const AddArgs& a) override {
-    PD_TRY(check_tensor("add", "a", a.a, DType::kF32, -1, -1));
-    PD_TRY(check_tensor("add", "b", a.b, DType::kF32, a.a.rows, a.a.cols));
-    PD_TRY(check_tensor("add", "out", a.out, DType::kF32, a.a.rows, a.a.cols));
+    PD_TRY(validate_add(Device::kCpu, a));
     cpu::add(ex_, a.a, a.b, a.out);
     return Status::ok();
   }
 
   Status matmul(const MatmulArgs& a) override {
     PD_ASSIGN_OR_RETURN(const Matrix* w, matrix("matmul", a.w));
-    PD_TRY(check_tensor("matmul", "x", a.x, DType::kF32, -1, w->cols));
-    PD_TRY(check_tensor("matmul", "out", a.out, DType::kF32, a.x.rows, w->rows));
+    PD_TRY(validate_product(Device::kCpu, "matmul", a.x, a.out, w->rows, w->cols));
     cpu::matmul(ex_, *w, a.x, a.out, a.accum);
     return Status::ok();
   }
 
   Status gated_attention(const GatedAttentionArgs& a) override {
+    PD_TRY(validate_gated_attention(Device::kCpu, a));
     const AttentionDims& d = a.dims;
-    if (d.num_heads <= 0 || d.num_kv_heads <= 0 || d.num_heads % d.num_kv_heads != 0 || d.head_dim <= 0 ||
-        d.rotary_dim < 0 || d.rotary_dim > d.head_dim || d.rotary_dim % 2 != 0) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "gated_attention: bad dims (heads {}, kv heads {}, head dim {}, rotary dim {})",
-                        d.num_heads, d.num_kv_heads, d.head_dim, d.rotary_dim);
-    }
     const int64_t rows = a.qg.rows;
-    const int64_t q_width = int64_t{d.num_heads} * d.head_dim;
-    const int64_t kv_width = int64_t{d.num_kv_heads} * d.head_dim;
-    PD_TRY(check_tensor("gated_attention", "qg", a.qg, DType::kF32, -1, 2 * q_width));
-    PD_TRY(check_tensor("gated_attention", "k", a.k, DType::kF32, rows, kv_width));
-    PD_TRY(check_tensor("gated_attention", "v", a.v, DType::kF32, rows, kv_width));
-    PD_TRY(check_tensor("gated_attention", "out", a.out, DType::kF32, rows, q_width));
-    PD_TRY(check_kv("gated_attention", "cache.k", a.cache.k, kv_width));
-    PD_TRY(check_kv("gated_attention", "cache.v", a.cache.v, kv_width));
-    if (a.cache.k.rows != a.cache.v.rows || a.cache.k.dtype != a.cache.v.dtype) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "gated_attention: cache.k and cache.v differ in shape or dtype");
-    }
     PD_TRY(check_positions("gated_attention", a.positions, rows, a.cache.k.rows));
     if (a.window < 0) {
       return make_error(ErrorCode::kInvalidArgument, "gated_attention: window {} is negative", a.window);
@@ -231,16 +194,13 @@ class CpuBackend final : public Backend {
       return make_error(ErrorCode::kInvalidArgument, "moe: unbound MoE handle {}", a.moe.index);
     }
     const cpu::BoundMoe& m = moes_[static_cast<size_t>(a.moe.index)];
-    PD_TRY(check_tensor("moe", "x", a.x, DType::kF32, -1, m.hidden));
-    PD_TRY(check_tensor("moe", "out", a.out, DType::kF32, a.x.rows, m.hidden));
-    if (a.x.data == a.out.data) return make_error(ErrorCode::kInvalidArgument, "moe: out aliases x");
+    PD_TRY(validate_moe_args(Device::kCpu, a, m.hidden));
     cpu::moe(ex_, m, a.x, a.out, a.accum);
     return Status::ok();
   }
 
   Status argmax(const ArgmaxArgs& a) override {
-    PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
-    PD_TRY(check_tensor("argmax", "out", a.out, DType::kI32, a.x.rows, 1));
+    PD_TRY(validate_argmax(Device::kCpu, a));
     cpu::argmax(a.x, a.out);
     return Status::ok();
   }

@@ -92,9 +92,7 @@ std::string CudaBackend::name() const {
 }
 
 Expected<Buffer> CudaBackend::alloc(DType dtype, int64_t rows, int64_t cols) {
-  if (rows < 0 || cols < 0) {
-    return make_error(ErrorCode::kInvalidArgument, "alloc: negative shape [{}, {}]", rows, cols);
-  }
+  PD_TRY(validate_alloc(rows, cols));
   const size_t bytes = static_cast<size_t>(rows * cols) * dtype_size(dtype);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
@@ -153,10 +151,7 @@ Status CudaBackend::download(void* dst, const Tensor& src) {
 }
 
 Status CudaBackend::copy(const Tensor& dst, const Tensor& src) {
-  if (dst.dtype != src.dtype || dst.rows != src.rows || dst.cols != src.cols) {
-    return make_error(ErrorCode::kInvalidArgument, "copy: [{}, {}] {} into [{}, {}] {}", src.rows, src.cols,
-                      dtype_name(src.dtype), dst.rows, dst.cols, dtype_name(dst.dtype));
-  }
+  PD_TRY(validate_copy(dst, src));
   PD_TRY(check_device("copy", dst));
   PD_TRY(check_device("copy", src));
   sig_.add(OpTag::kCopy);

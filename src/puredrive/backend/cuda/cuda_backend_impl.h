@@ -43,12 +43,6 @@ inline Status cuda_error(cudaError_t e, const char* what) {
     if (pd_cuda_err_ != cudaSuccess) return cuda_error(pd_cuda_err_, #call); \
   } while (0)
 
-// Argument validation (backend/validate.h), in CUDA memory.
-inline Status check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype, int64_t rows,
-                           int64_t cols) {
-  return check_tensor_on(Device::kCuda, op, arg, t, dtype, rows, cols);
-}
-
 inline int64_t round_up(int64_t v, int64_t to) {
   return (v + to - 1) / to * to;
 }

@@ -12,12 +12,8 @@ static_assert(cuda::kGdnPrefillChunk == kGdnPrefillChunk, "the prefill kernels' 
 
 namespace {
 
-// Plus what the attention kernels need: 16-byte aligned KV caches.
-Status check_kv(const char* op, const char* arg, const Tensor& t, int64_t cols) {
-  PD_TRY(check_kv_layout(op, arg, t, cols));
-  if (t.device != Device::kCuda) {
-    return make_error(ErrorCode::kInvalidArgument, "{}: {} is not CUDA memory", op, arg);
-  }
+// What the attention kernels need beyond validate_gated_attention: 16-byte aligned KV caches.
+Status check_kv_aligned(const char* op, const char* arg, const Tensor& t) {
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
     return make_error(ErrorCode::kInvalidArgument, "{}: {} is not 16-byte aligned", op, arg);
   }
@@ -27,13 +23,8 @@ Status check_kv(const char* op, const char* arg, const Tensor& t, int64_t cols) 
 }  // namespace
 
 Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
+  PD_TRY(validate_gated_attention(Device::kCuda, a));
   const AttentionDims& d = a.dims;
-  if (d.num_heads <= 0 || d.num_kv_heads <= 0 || d.num_heads % d.num_kv_heads != 0 || d.head_dim <= 0 ||
-      d.rotary_dim < 0 || d.rotary_dim > d.head_dim || d.rotary_dim % 2 != 0) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "gated_attention: bad dims (heads {}, kv heads {}, head dim {}, rotary dim {})",
-                      d.num_heads, d.num_kv_heads, d.head_dim, d.rotary_dim);
-  }
   if (d.head_dim % 8 != 0 || d.head_dim > 1024 || d.num_heads / d.num_kv_heads > cuda::kMaxGroup) {
     return make_error(
         ErrorCode::kUnsupported,
@@ -47,20 +38,8 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
                       "every cached position (the MTP attention window runs on the CPU backend only)",
                       a.window);
   }
-  const int64_t rows = a.qg.rows;
-  const int64_t q_width = int64_t{d.num_heads} * d.head_dim;
-  const int64_t kv_width = int64_t{d.num_kv_heads} * d.head_dim;
-  PD_TRY(check_tensor("gated_attention", "qg", a.qg, DType::kF32, -1, 2 * q_width));
-  PD_TRY(check_tensor("gated_attention", "k", a.k, DType::kF32, rows, kv_width));
-  PD_TRY(check_tensor("gated_attention", "v", a.v, DType::kF32, rows, kv_width));
-  PD_TRY(check_tensor("gated_attention", "out", a.out, DType::kF32, rows, q_width));
-  PD_TRY(check_tensor("gated_attention", "positions", a.positions, DType::kI32, rows, 1));
-  PD_TRY(check_kv("gated_attention", "cache.k", a.cache.k, kv_width));
-  PD_TRY(check_kv("gated_attention", "cache.v", a.cache.v, kv_width));
-  if (a.cache.k.rows != a.cache.v.rows || a.cache.k.dtype != a.cache.v.dtype) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "gated_attention: cache.k and cache.v differ in shape or dtype");
-  }
+  PD_TRY(check_kv_aligned("gated_attention", "cache.k", a.cache.k));
+  PD_TRY(check_kv_aligned("gated_attention", "cache.v", a.cache.v));
   PD_ASSIGN_OR_RETURN(const DevVector* qn, vector("gated_attention", a.q_norm, d.head_dim));
   PD_ASSIGN_OR_RETURN(const DevVector* kn, vector("gated_attention", a.k_norm, d.head_dim));
   cuda::AttentionLaunch l;
@@ -88,7 +67,7 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   l.capacity = a.cache.k.rows;
   l.out = static_cast<float*>(a.out.data);
   l.out_stride = a.out.stride;
-  l.rows = static_cast<int>(rows);
+  l.rows = static_cast<int>(a.qg.rows);
   l.prefill = a.prefill && !reference_prefill_;
   PD_ASSIGN_OR_RETURN(void* scr, scratch(attn_scratch_, cuda::attention_scratch_floats(l) * 4));
   l.scratch = static_cast<float*>(scr);
@@ -197,9 +176,7 @@ Status CudaBackend::moe(const MoeArgs& a) {
     return make_error(ErrorCode::kInvalidArgument, "moe: unbound MoE handle {}", a.moe.index);
   }
   const BoundMoe& m = moes_[static_cast<size_t>(a.moe.index)];
-  PD_TRY(check_tensor("moe", "x", a.x, DType::kF32, -1, m.launch.hidden));
-  PD_TRY(check_tensor("moe", "out", a.out, DType::kF32, a.x.rows, m.launch.hidden));
-  if (a.x.data == a.out.data) return make_error(ErrorCode::kInvalidArgument, "moe: out aliases x");
+  PD_TRY(validate_moe_args(Device::kCuda, a, m.launch.hidden));
   if (reinterpret_cast<uintptr_t>(a.x.data) % 16 != 0 || a.x.stride % 4 != 0) {
     return make_error(ErrorCode::kUnsupported,
                       "moe: x must be 16-byte aligned with a row stride divisible by 4");

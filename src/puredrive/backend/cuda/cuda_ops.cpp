@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "puredrive/backend/cpu/sampling.h"
 #include "puredrive/backend/cuda/cuda_backend_impl.h"
 #include "puredrive/backend/cuda/sampling.h"
 
@@ -47,12 +48,17 @@ static_assert(static_cast<int>(SampleStatus::kNonFinite) == 1 &&
               static_cast<int>(SampleStatus::kAllMasked) == 2 &&
               static_cast<int>(SampleStatus::kDraftNotInDraft) == 3 &&
               static_cast<int>(SampleStatus::kBadToken) == 4);
+static_assert(static_cast<int>(cuda::SampleRule::kGreedy) == static_cast<int>(SampleRule::kGreedy) &&
+              static_cast<int>(cuda::SampleRule::kTokenwise) == static_cast<int>(SampleRule::kTokenwise) &&
+              static_cast<int>(cuda::SampleRule::kBlockwise) == static_cast<int>(SampleRule::kBlock) &&
+              static_cast<int>(cuda::SampleRule::kSeeded) == static_cast<int>(SampleRule::kSeeded));
+static_assert(static_cast<int32_t>(cuda::Faulty::kBlockUncapped) == sampling::kFaultyBlockUncapped &&
+              static_cast<int32_t>(cuda::Faulty::kBlockFirstFailure) == sampling::kFaultyBlockFirstFailure &&
+              static_cast<int32_t>(cuda::Faulty::kTokenwiseResample) == sampling::kFaultyTokenwiseResample);
 
 Status CudaBackend::embed(const EmbedArgs& a) {
   PD_ASSIGN_OR_RETURN(const DevMatrix* table, matrix("embed", a.table));
-  const int64_t rows = a.tokens.rows;
-  PD_TRY(check_tensor("embed", "tokens", a.tokens, DType::kI32, -1, 1));
-  PD_TRY(check_tensor("embed", "out", a.out, DType::kF32, rows, table->cols));
+  PD_TRY(validate_embed(Device::kCuda, a, table->cols));
   sig_.add(OpTag::kEmbed);
   sig_.add(a.table.index);
   sig_.add(a.tokens);
@@ -69,8 +75,7 @@ Status CudaBackend::embed(const EmbedArgs& a) {
 
 Status CudaBackend::rms_norm(const RmsNormArgs& a) {
   PD_ASSIGN_OR_RETURN(const DevVector* w, vector("rms_norm", a.weight));
-  PD_TRY(check_tensor("rms_norm", "x", a.x, DType::kF32, -1, w->size));
-  PD_TRY(check_tensor("rms_norm", "out", a.out, DType::kF32, a.x.rows, w->size));
+  PD_TRY(validate_rms_norm(Device::kCuda, a, w->size));
   sig_.add(OpTag::kRmsNorm);
   sig_.add(a.x);
   sig_.add(a.weight.index);
@@ -88,9 +93,7 @@ Status CudaBackend::rms_norm(const RmsNormArgs& a) {
 }
 
 Status CudaBackend::add(const AddArgs& a) {
-  PD_TRY(check_tensor("add", "a", a.a, DType::kF32, -1, -1));
-  PD_TRY(check_tensor("add", "b", a.b, DType::kF32, a.a.rows, a.a.cols));
-  PD_TRY(check_tensor("add", "out", a.out, DType::kF32, a.a.rows, a.a.cols));
+  PD_TRY(validate_add(Device::kCuda, a));
   sig_.add(OpTag::kAdd);
   sig_.add(a.a);
   sig_.add(a.b);
@@ -107,8 +110,7 @@ Status CudaBackend::add(const AddArgs& a) {
 
 Status CudaBackend::matmul(const MatmulArgs& a) {
   PD_ASSIGN_OR_RETURN(const DevMatrix* w, matrix("matmul", a.w));
-  PD_TRY(check_tensor("matmul", "x", a.x, DType::kF32, -1, w->cols));
-  PD_TRY(check_tensor("matmul", "out", a.out, DType::kF32, a.x.rows, w->rows));
+  PD_TRY(validate_product(Device::kCuda, "matmul", a.x, a.out, w->rows, w->cols));
   const Kernels k = kernels_for(a.prefill, a.x.rows);
   sig_.add(OpTag::kMatmul);
   sig_.add(a.w.index);
@@ -121,7 +123,7 @@ Status CudaBackend::matmul(const MatmulArgs& a) {
     cuda::MmaJob j;
     j.part[0] = mma_part(m, a.x, a.out, 0);
     j.parts = 1;
-    j.accumulate = a.accum == Accum::kAdd ? 1 : 0;
+    j.accumulate = a.accum == Accum::kAdd;
     const int tiles = mma_row_tiles(a.x.rows);
     submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmul prefill", m.rows, m.cols);
     return take_error_if_eager();
@@ -138,7 +140,7 @@ Status CudaBackend::matmul(const MatmulArgs& a) {
           j.rows = rows;
           j.out = static_cast<float*>(a.out.data);
           j.os = a.out.stride;
-          j.accumulate = a.accum == Accum::kAdd ? 1 : 0;
+          j.accumulate = a.accum == Accum::kAdd;
           cuda::launch_tiled(j, 1, rows, s);
           return;
         }
@@ -164,8 +166,7 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
   for (size_t i = 0; i < count && fused; ++i) {
     const MatmulTarget& t = a.targets[i];
     PD_ASSIGN_OR_RETURN(const DevMatrix* w, matrix("matmuls", t.w));
-    PD_TRY(check_tensor("matmuls", "x", a.x, DType::kF32, -1, w->cols));
-    PD_TRY(check_tensor("matmuls", "out", t.out, DType::kF32, a.x.rows, w->rows));
+    PD_TRY(validate_product(Device::kCuda, "matmuls", a.x, t.out, w->rows, w->cols));
     const DevMatrix& first = i == 0 ? *w : g.m[0];
     fused = w->fmt == first.fmt && w->bits == first.bits && w->cols == first.cols &&
             (w->fmt != WFmt::kAffine ||
@@ -205,8 +206,7 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
 }
 
 Status CudaBackend::argmax(const ArgmaxArgs& a) {
-  PD_TRY(check_tensor("argmax", "x", a.x, DType::kF32, -1, -1));
-  PD_TRY(check_tensor("argmax", "out", a.out, DType::kI32, a.x.rows, 1));
+  PD_TRY(validate_argmax(Device::kCuda, a));
   const int n = static_cast<int>(a.x.cols);
   void* scr = nullptr;
   if (n >= kWideArgmax) {
@@ -234,8 +234,8 @@ Status CudaBackend::sample(const SampleArgs& a) {
   PD_TRY(validate_sample(a, Device::kCuda));
   const bool needs_q = a.rule == SampleRule::kTokenwise || a.rule == SampleRule::kBlock;
   cuda::SampleLaunch l;
-  l.rule = static_cast<int>(a.rule);
-  l.faulty = a.faulty;
+  l.rule = static_cast<cuda::SampleRule>(a.rule);
+  l.faulty = static_cast<cuda::Faulty>(a.faulty);
   l.target = row_params(a.target);
   l.draft = row_params(a.draft);
   l.logits = static_cast<const float*>(a.logits.data);
@@ -249,18 +249,18 @@ Status CudaBackend::sample(const SampleArgs& a) {
   }
   l.drafts = static_cast<int32_t*>(a.drafts.data);
   l.prior = a.prior;
-  l.write_draft = a.write_draft ? 1 : 0;
+  l.write_draft = a.write_draft;
   l.bias = static_cast<const float*>(a.bias.data);
   l.history = static_cast<int32_t*>(a.history.data);
-  l.commit = a.commit ? 1 : 0;
+  l.commit = a.commit;
   l.control = static_cast<const int64_t*>(a.control.data);
   l.logprobs = a.logprobs;
   l.out = static_cast<int32_t*>(a.out.data);
   PD_ASSIGN_OR_RETURN(l.scratch, scratch(sample_scratch_, cuda::sample_scratch_bytes(l.rows, l.draft_rows,
                                                                                      l.vocab, l.logprobs)));
   sig_.add(OpTag::kSample);
-  for (int32_t v :
-       {l.rule, l.faulty, l.prior, l.write_draft, l.commit, l.logprobs, a.target.top_k, a.draft.top_k}) {
+  for (int32_t v : {static_cast<int32_t>(a.rule), a.faulty, a.prior, static_cast<int32_t>(a.write_draft),
+                    static_cast<int32_t>(a.commit), a.logprobs, a.target.top_k, a.draft.top_k}) {
     sig_.add(v);
   }
   for (const SampleParams* p : {&a.target, &a.draft}) {

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
   pdl_wait();
 
   int expert = 0, first = 0, count = 0;
-  if (P.grouped != 0) {
+  if (P.grouped) {
     const int t = static_cast<int>(blockIdx.x);
     if (t >= j.tile_start[j.experts]) return;  // uniform over the block
     expert = expert_of_tile(j.tile_start, j.experts, t);
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
   if (tid < kBM) {
     int s = -1, d = -1;
     if (tid < count) {
-      if (P.grouped != 0) {
+      if (P.grouped) {
         const int v = j.list[static_cast<int64_t>(expert) * j.list_stride + first + tid];
         s = v / P.list_div;
         d = v;
@@ -339,8 +339,8 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
           if (f < N) o[f] = siluf_(c0) * c1;
         } else {
           const int64_t n = static_cast<int64_t>(nt) * kBN + col;
-          if (n < N) o[n] = j.accumulate != 0 ? o[n] + c0 : c0;
-          if (n + 1 < N) o[n + 1] = j.accumulate != 0 ? o[n + 1] + c1 : c1;
+          if (n < N) o[n] = j.accumulate ? o[n] + c0 : c0;
+          if (n + 1 < N) o[n + 1] = j.accumulate ? o[n + 1] + c1 : c1;
         }
       }
     }
@@ -380,7 +380,7 @@ void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream) {
   if (n_tiles <= 0) return;
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(n_tiles));
   const DevMatrix& w = j.part[0].w;
-  if (j.dual != 0) {
+  if (j.dual) {
     const DevMatrix& w2 = j.part[0].w2;
     if (w.fmt != w2.fmt || w.bits != w2.bits) {
       launch_kernel<kAnyFmt, 0, true>(j, grid, stream);

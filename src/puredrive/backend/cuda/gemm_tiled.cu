@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kTThreads) tiled_kernel(TileJob j) {
       if (n >= j.w.rows) continue;
       float v = acc[i][q];
       if constexpr (DUAL) v = siluf_(acc[i][q]) * acc2[i][q];
-      o[n] = j.accumulate != 0 ? o[n] + v : v;
+      o[n] = j.accumulate ? o[n] + v : v;
     }
   }
 }
@@ -139,7 +139,7 @@ void launch_tiled(const TileJob& j, int groups, int max_rows, cudaStream_t strea
   if (max_rows <= 0 || groups <= 0 || j.w.rows <= 0) return;
   const dim3 grid(grid_for(j.w.rows, kTileCols), grid_for(max_rows, kTileRows),
                   static_cast<unsigned>(groups));
-  if (j.dual != 0) {
+  if (j.dual) {
     tiled_kernel<true><<<grid, kTThreads, 0, stream>>>(j);
   } else {
     tiled_kernel<false><<<grid, kTThreads, 0, stream>>>(j);

@@ -53,7 +53,7 @@ constexpr int kTileCols = 64;
 // dual: out = silu(x . W^T) * (x . W2^T) (the experts' gate/up pair).
 struct TileJob {
   DevMatrix w, w2;
-  int dual = 0;
+  bool dual = false;
   const float* x = nullptr;
   int64_t xs = 0;
   const int* list = nullptr;
@@ -63,7 +63,7 @@ struct TileJob {
   int rows = 0;  // without a list
   float* out = nullptr;
   int64_t os = 0;
-  int accumulate = 0;
+  bool accumulate = false;
 };
 // groups: experts (grid z) when the job has a list, else 1; max_rows bounds the rows of any group.
 void launch_tiled(const TileJob& j, int groups, int max_rows, cudaStream_t stream);
@@ -88,15 +88,15 @@ struct MmaPart {
   float* out = nullptr;
   int64_t os = 0;
   int n_tiles_end = 0;
-  int rows = 0;      // plain part: activation rows 0..rows-1, written to the same rows of out
-  int grouped = 0;   // rows from the job's expert lists; w/w2 are stacked experts
-  int list_div = 1;  // grouped: list entry v reads activation row v / list_div and writes out row v
+  int rows = 0;          // plain part: activation rows 0..rows-1, written to the same rows of out
+  bool grouped = false;  // rows from the job's expert lists; w/w2 are stacked experts
+  int list_div = 1;      // grouped: list entry v reads activation row v / list_div and writes out row v
 };
 struct MmaJob {
   MmaPart part[kMmaMaxParts];
   int parts = 0;
-  int dual = 0;        // out = silu(x . W^T) * (x . W2^T)
-  int accumulate = 0;  // out = out + x . W^T (not dual)
+  bool dual = false;        // out = silu(x . W^T) * (x . W2^T)
+  bool accumulate = false;  // out = out + x . W^T (not dual)
   // Expert lists of grouped parts (moe_partition.h): entries of expert e are list[e * list_stride + i],
   // i < count[e]; its row tiles are [tile_start[e], tile_start[e + 1]).
   const int* list = nullptr;
@@ -257,6 +257,9 @@ struct MoeLaunch {
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
 // Decode steps (chunks of kMaxRows rows); steps wider than kMaxRows run the tiled reference path.
 void launch_moe(const MoeLaunch& m, cudaStream_t stream);
+// The tiled reference path (moe_wide.cu), for any number of rows; moe_scratch_bytes covers its scratch.
+int64_t moe_wide_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
+void launch_moe_wide(const MoeLaunch& m, cudaStream_t stream);
 // Prefill (moe_grouped.cu): the block as grouped tensor-core products over every row of the step at once;
 // scratch: moe_grouped_scratch_bytes for m.rows rows.
 int64_t moe_grouped_scratch_bytes(int rows, int experts, int top_k, int hidden, int inter, int shared_inter);

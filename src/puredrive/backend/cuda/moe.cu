@@ -9,8 +9,10 @@
 // 4. combine per (row, column): ((0 + w_1 y_1) + w_2 y_2 ...) over the selected experts in ascending id, then
 //    + sigmoid(x . w_sg) * y_shared, as the CPU backend sums.
 // Each expert's weights are read once per chunk for all rows that use it; a row's result depends only on
-// that row.
+// that row. Wider steps run moe_grouped.cu (tensor cores) or moe_wide.cu (tiled reference path), which
+// share this file's route and combine kernels (launch_moe_route_rows, launch_moe_combine).
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/scratch_carver.h"
 
 namespace pd::cuda {
 namespace {
@@ -28,30 +30,21 @@ struct MoeScratch {
   float* ys;      // [kMaxRows][H]
 };
 
-int64_t align256(int64_t b) {
-  return (b + 255) / 256 * 256;
-}
-
 MoeScratch carve(void* base, int E, int K, int H, int I, int Is, int64_t* total) {
-  uint8_t* p = static_cast<uint8_t*>(base);
-  int64_t off = 0;
-  auto take = [&](int64_t bytes) {
-    uint8_t* q = p == nullptr ? nullptr : p + off;
-    off += align256(bytes);
-    return q;
-  };
+  ScratchCarver c(base);
+  const int64_t R = kMaxRows;
   MoeScratch s;
-  s.logits = reinterpret_cast<float*>(take(int64_t{kMaxRows} * E * 4));
-  s.sg = reinterpret_cast<float*>(take(int64_t{kMaxRows} * 4));
-  s.sel = reinterpret_cast<int*>(take(int64_t{kMaxRows} * K * 4));
-  s.wts = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * 4));
-  s.used = reinterpret_cast<int*>(take(int64_t{E} * 4));
-  s.count = reinterpret_cast<int*>(take(4));
-  s.act = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * I * 4));
-  s.sact = reinterpret_cast<float*>(take(int64_t{kMaxRows} * Is * 4));
-  s.y = reinterpret_cast<float*>(take(int64_t{kMaxRows} * K * H * 4));
-  s.ys = reinterpret_cast<float*>(take(int64_t{kMaxRows} * H * 4));
-  if (total != nullptr) *total = off;
+  s.logits = c.take<float>(R * E);
+  s.sg = c.take<float>(R);
+  s.sel = c.take<int>(R * K);
+  s.wts = c.take<float>(R * K);
+  s.used = c.take<int>(E);
+  s.count = c.take<int>(1);
+  s.act = c.take<float>(R * K * I);
+  s.sact = c.take<float>(R * Is);
+  s.y = c.take<float>(R * K * H);
+  s.ys = c.take<float>(R * H);
+  if (total != nullptr) *total = c.bytes();
   return s;
 }
 
@@ -148,7 +141,7 @@ constexpr int kMaxExpertWords = 32;  // experts <= 1024
 
 template <int FMT, int BITS, int NR>
 __global__ void __launch_bounds__(kBlock)
-    moe_router_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, int with_gate, MoeScratch s) {
+    moe_router_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, bool with_gate, MoeScratch s) {
   __shared__ int last;
   __shared__ uint32_t bits[kMaxExpertWords];
   __shared__ int before[kMaxExpertWords];
@@ -412,7 +405,7 @@ void launch_down_combine(const MoeLaunch& m, int rows, const MoeScratch& s, cuda
   });
 }
 
-__global__ void moe_combine_kernel(MoeLaunch m, int r0, int rows, MoeScratch s) {
+__global__ void moe_combine_kernel(MoeLaunch m, int rows, MoeScratch s) {
   const int64_t total = static_cast<int64_t>(rows) * m.hidden;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -423,137 +416,18 @@ __global__ void moe_combine_kernel(MoeLaunch m, int r0, int rows, MoeScratch s) 
       acc = acc + s.y[(static_cast<int64_t>(r) * m.top_k + k) * m.hidden + n] * s.wts[r * m.top_k + k];
     }
     const float v = acc + sigmoidf_(s.sg[r]) * s.ys[r * m.hidden + n];
-    float* o = m.out + (r0 + r) * m.out_stride + n;
+    float* o = m.out + r * m.out_stride + n;
     *o = m.accumulate ? *o + v : v;
   }
 }
 
-// ---- Wide steps (prefill, R > kMaxRows): passes of up to kMoeWideRows rows through tiled products ----
-// route per row (the decode route's arithmetic, one block per row), then per expert the ascending list of
-// (row, slot) entries that selected it; gate/up and down as tiled products over each expert's entries; the
-// decode combine. Each expert's weights are read once per kTileRows of its entries.
-constexpr int kMoeWideRows = 256;
-
-struct MoeWide {
-  MoeScratch s;  // logits/sg/sel/wts/act/sact/y/ys sized for kMoeWideRows rows
-  int* count;    // [E]: entries per expert
-  int* list;     // [E][kMoeWideRows]: entry r * K + slot, ascending r
-};
-
-MoeWide carve_wide(void* base, int E, int K, int H, int I, int Is, int64_t* total) {
-  uint8_t* p = static_cast<uint8_t*>(base);
-  int64_t off = 0;
-  auto take = [&](int64_t bytes) {
-    uint8_t* q = p == nullptr ? nullptr : p + off;
-    off += align256(bytes);
-    return q;
-  };
-  const int64_t B = kMoeWideRows;
-  MoeWide w{};
-  w.s.logits = reinterpret_cast<float*>(take(B * E * 4));
-  w.s.sg = reinterpret_cast<float*>(take(B * 4));
-  w.s.sel = reinterpret_cast<int*>(take(B * K * 4));
-  w.s.wts = reinterpret_cast<float*>(take(B * K * 4));
-  w.s.act = reinterpret_cast<float*>(take(B * K * I * 4));
-  w.s.sact = reinterpret_cast<float*>(take(B * Is * 4));
-  w.s.y = reinterpret_cast<float*>(take(B * K * H * 4));
-  w.s.ys = reinterpret_cast<float*>(take(B * H * 4));
-  w.count = reinterpret_cast<int*>(take(int64_t{E} * 4));
-  w.list = reinterpret_cast<int*>(take(int64_t{E} * B * 4));
-  if (total != nullptr) *total = off;
-  return w;
-}
-
 // Warp w of block b routes row 8 b + w, with the decode route's arithmetic.
 __global__ void __launch_bounds__(kBlock)
-    moe_route_rows_kernel(int E, int K, int rows, int norm, MoeScratch s) {
+    moe_route_rows_kernel(int E, int K, int rows, bool norm, MoeScratch s) {
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int r = static_cast<int>(blockIdx.x) * (kBlock / 32) + warp;
   if (r >= rows) return;
-  route_row(s.logits + static_cast<int64_t>(r) * E, E, K, norm != 0, s.sel + r * K, s.wts + r * K);
-}
-
-// One thread per expert: its entries in ascending row order.
-__global__ void moe_bucket_kernel(int E, int K, int rows, MoeWide w) {
-  const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (e >= E) return;
-  int n = 0;
-  for (int r = 0; r < rows; ++r) {
-    for (int i = 0; i < K; ++i) {
-      if (w.s.sel[r * K + i] == e) w.list[static_cast<int64_t>(e) * kMoeWideRows + n++] = r * K + i;
-    }
-  }
-  w.count[e] = n;
-}
-
-void run_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
-  const MoeWide w = carve_wide(m.scratch, m.experts, m.top_k, m.hidden, m.inter, m.shared_inter, nullptr);
-  for (int r0 = 0; r0 < m.rows; r0 += kMoeWideRows) {
-    const int n = m.rows - r0 < kMoeWideRows ? m.rows - r0 : kMoeWideRows;
-    const float* x = m.x + r0 * m.x_stride;
-    TileJob j;
-    j.x = x;
-    j.xs = m.x_stride;
-    j.rows = n;
-    j.w = m.router;
-    j.out = w.s.logits;
-    j.os = m.experts;
-    launch_tiled(j, 1, n, stream);
-    j.w = m.shared_gate;
-    j.out = w.s.sg;
-    j.os = 1;
-    launch_tiled(j, 1, n, stream);
-    moe_route_rows_kernel<<<grid_for(n, kBlock / 32), kBlock, 0, stream>>>(m.experts, m.top_k, n,
-                                                                           m.norm_topk ? 1 : 0, w.s);
-    moe_bucket_kernel<<<grid_for(m.experts, 128), 128, 0, stream>>>(m.experts, m.top_k, n, w);
-    // Routed experts: gate/up into act[entry], then down into y[entry].
-    TileJob up;
-    up.w = m.gate;
-    up.w2 = m.up;
-    up.dual = 1;
-    up.x = x;
-    up.xs = m.x_stride;
-    up.list = w.list;
-    up.list_stride = kMoeWideRows;
-    up.list_div = m.top_k;
-    up.count = w.count;
-    up.out = w.s.act;
-    up.os = m.inter;
-    launch_tiled(up, m.experts, n, stream);
-    TileJob dn;
-    dn.w = m.down;
-    dn.x = w.s.act;
-    dn.xs = m.inter;
-    dn.list = w.list;
-    dn.list_stride = kMoeWideRows;
-    dn.list_div = 1;
-    dn.count = w.count;
-    dn.out = w.s.y;
-    dn.os = m.hidden;
-    launch_tiled(dn, m.experts, n, stream);
-    // The shared expert over all rows.
-    TileJob su;
-    su.w = m.sh_gate;
-    su.w2 = m.sh_up;
-    su.dual = 1;
-    su.x = x;
-    su.xs = m.x_stride;
-    su.rows = n;
-    su.out = w.s.sact;
-    su.os = m.shared_inter;
-    launch_tiled(su, 1, n, stream);
-    TileJob sd;
-    sd.w = m.sh_down;
-    sd.x = w.s.sact;
-    sd.xs = m.shared_inter;
-    sd.rows = n;
-    sd.out = w.s.ys;
-    sd.os = m.hidden;
-    launch_tiled(sd, 1, n, stream);
-    const int64_t total = static_cast<int64_t>(n) * m.hidden;
-    const unsigned blocks = grid_for(total, kBlock) < 4096 ? grid_for(total, kBlock) : 4096;
-    moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, r0, n, w.s);
-  }
+  route_row(s.logits + static_cast<int64_t>(r) * E, E, K, norm, s.sel + r * K, s.wts + r * K);
 }
 
 }  // namespace
@@ -565,7 +439,7 @@ void launch_moe_route_rows(const MoeLaunch& m, int rows, const float* logits, in
   s.sel = sel;
   s.wts = wts;
   moe_route_rows_kernel<<<grid_for(rows, kBlock / 32), kBlock, 0, stream>>>(m.experts, m.top_k, rows,
-                                                                            m.norm_topk ? 1 : 0, s);
+                                                                            m.norm_topk, s);
 }
 
 void launch_moe_combine(const MoeLaunch& m, int rows, const float* y, const float* wts, const float* sg,
@@ -577,13 +451,13 @@ void launch_moe_combine(const MoeLaunch& m, int rows, const float* y, const floa
   s.ys = const_cast<float*>(ys);
   const int64_t total = static_cast<int64_t>(rows) * m.hidden;
   const unsigned blocks = grid_for(total, kBlock) < 4096 ? grid_for(total, kBlock) : 4096;
-  moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, 0, rows, s);
+  moe_combine_kernel<<<blocks, kBlock, 0, stream>>>(m, rows, s);
 }
 
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter) {
-  int64_t total = 0, wide = 0;
+  int64_t total = 0;
   carve(nullptr, experts, top_k, hidden, inter, shared_inter, &total);
-  carve_wide(nullptr, experts, top_k, hidden, inter, shared_inter, &wide);
+  const int64_t wide = moe_wide_scratch_bytes(experts, top_k, hidden, inter, shared_inter);
   return total > wide ? total : wide;
 }
 
@@ -606,7 +480,7 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
     with_format(m.router.fmt, m.router.bits, [&](auto f) {
       with_rows_class(n, [&](auto nr) {
         launch_pdl(moe_router_kernel<decltype(f)::kFmt, decltype(f)::kBits, decltype(nr)::value>, router_grid,
-                   dim3(kBlock), 0, stream, m, x, m.x_stride, n, m.router_gate_fused ? 1 : 0, s);
+                   dim3(kBlock), 0, stream, m, x, m.x_stride, n, m.router_gate_fused, s);
       });
     });
     mark(1);
@@ -642,7 +516,7 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
 
 void launch_moe(const MoeLaunch& m, cudaStream_t stream) {
   if (m.rows > kMaxRows) {
-    run_moe_wide(m, stream);
+    launch_moe_wide(m, stream);
     return;
   }
   run_moe(m, stream, nullptr);

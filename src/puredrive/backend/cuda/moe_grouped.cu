@@ -15,6 +15,7 @@
 // result depends only on that row.
 #include "puredrive/backend/cuda/common.cuh"
 #include "puredrive/backend/cuda/moe_partition.h"
+#include "puredrive/backend/cuda/scratch_carver.h"
 
 namespace pd::cuda {
 namespace {
@@ -34,27 +35,21 @@ struct Grouped {
 };
 
 Grouped carve(void* base, int R, int E, int K, int H, int I, int Is, int64_t* total) {
-  uint8_t* p = static_cast<uint8_t*>(base);
-  int64_t off = 0;
-  auto take = [&](int64_t bytes) {
-    uint8_t* q = p == nullptr ? nullptr : p + off;
-    off += (bytes + 255) / 256 * 256;
-    return q;
-  };
+  ScratchCarver c(base);
   const int64_t rows = R, entries = int64_t{R} * K;
   Grouped g{};
-  g.logits = reinterpret_cast<float*>(take(rows * E * 4));
-  g.sg = reinterpret_cast<float*>(take(rows * 4));
-  g.sel = reinterpret_cast<int*>(take(entries * 4));
-  g.wts = reinterpret_cast<float*>(take(entries * 4));
-  g.list = reinterpret_cast<int*>(take(int64_t{E} * rows * 4));
-  g.count = reinterpret_cast<int*>(take(int64_t{E} * 4));
-  g.tile_start = reinterpret_cast<int*>(take((int64_t{E} + 1) * 4));
-  g.act = reinterpret_cast<float*>(take(entries * I * 4));
-  g.sact = reinterpret_cast<float*>(take(rows * Is * 4));
-  g.y = reinterpret_cast<float*>(take(entries * H * 4));
-  g.ys = reinterpret_cast<float*>(take(rows * H * 4));
-  if (total != nullptr) *total = off;
+  g.logits = c.take<float>(rows * E);
+  g.sg = c.take<float>(rows);
+  g.sel = c.take<int>(entries);
+  g.wts = c.take<float>(entries);
+  g.list = c.take<int>(int64_t{E} * rows);
+  g.count = c.take<int>(E);
+  g.tile_start = c.take<int>(int64_t{E} + 1);
+  g.act = c.take<float>(entries * I);
+  g.sact = c.take<float>(rows * Is);
+  g.y = c.take<float>(entries * H);
+  g.ys = c.take<float>(rows * H);
+  if (total != nullptr) *total = c.bytes();
   return g;
 }
 
@@ -131,7 +126,7 @@ void add_part(MmaJob& j, const DevMatrix& w, const DevMatrix* w2, const float* x
   p.out = out;
   p.os = os;
   p.rows = rows;
-  p.grouped = grouped ? 1 : 0;
+  p.grouped = grouped;
   p.list_div = list_div;
   const int per_tile = w2 != nullptr ? kMmaCols / 2 : kMmaCols;
   const int before = j.parts == 0 ? 0 : j.part[j.parts - 1].n_tiles_end;
@@ -188,7 +183,7 @@ void launch_moe_grouped(const MoeLaunch& m, cudaStream_t stream) {
 
   // gate/up of the routed experts and (in the same launch when the formats agree) of the shared expert.
   MmaJob up = lists;
-  up.dual = 1;
+  up.dual = true;
   add_part(up, m.gate, &m.up, m.x, m.x_stride, g.act, m.inter, 0, true, K);
   if (same_kind(m.sh_gate, m.gate) && same_kind(m.sh_up, m.up)) {
     add_part(up, m.sh_gate, &m.sh_up, m.x, m.x_stride, g.sact, m.shared_inter, R, false, 1);
@@ -196,7 +191,7 @@ void launch_moe_grouped(const MoeLaunch& m, cudaStream_t stream) {
   } else {
     launch_mma(up, expert_tiles, stream);
     MmaJob su;
-    su.dual = 1;
+    su.dual = true;
     add_part(su, m.sh_gate, &m.sh_up, m.x, m.x_stride, g.sact, m.shared_inter, R, false, 1);
     launch_mma(su, row_tiles, stream);
   }

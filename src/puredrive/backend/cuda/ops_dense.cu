@@ -11,7 +11,7 @@ namespace {
 // weight rows instead of paying a reduction per few kilobytes.
 template <int FMT, int BITS, bool VEC, int NR>
 __global__ void __launch_bounds__(kBlock)
-    gemv_kernel(DevMatrix m, const float* x, int64_t xs, float* out, int64_t os, int rows, int accumulate) {
+    gemv_kernel(DevMatrix m, const float* x, int64_t xs, float* out, int64_t os, int rows, bool accumulate) {
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (kBlock / 32);
   const float* xr[NR];
@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kBlock)
       for (int r = 0; r < NR; ++r) {
         if (r < rows) {
           float* o = out + r * os + n;
-          *o = accumulate != 0 ? *o + acc[r] : acc[r];
+          *o = accumulate ? *o + acc[r] : acc[r];
         }
       }
     }
@@ -78,7 +78,7 @@ struct OneMatrix {
   const DevMatrix* m;
   float* out;
   int64_t os;
-  int accumulate;
+  bool accumulate;
   __device__ int64_t total() const { return m->rows; }
   __device__ const DevMatrix& at(int64_t n, int64_t* local, float** o, int64_t* ostride) const {
     *local = n;
@@ -90,7 +90,7 @@ struct OneMatrix {
 
 struct StackedMatrices {
   const GemvMulti* g;
-  int accumulate;
+  bool accumulate;
   __device__ int64_t total() const { return g->end[g->count - 1]; }
   __device__ const DevMatrix& at(int64_t n, int64_t* local, float** o, int64_t* ostride) const {
     int i = 0;
@@ -167,7 +167,7 @@ __device__ __forceinline__ void gemv_pipe(const Rows& rows_of, const float* x, i
         for (int r = 0; r < NR; ++r) {
           if (r < rows) {
             float* p = co + r * cos + cl;
-            *p = rows_of.accumulate != 0 ? *p + acc[r] : acc[r];
+            *p = rows_of.accumulate ? *p + acc[r] : acc[r];
           }
         }
       }
@@ -179,15 +179,16 @@ __device__ __forceinline__ void gemv_pipe(const Rows& rows_of, const float* x, i
 }
 
 template <int FMT, int BITS, bool VEC, int NR>
-__global__ void __launch_bounds__(kBlock) gemv_pipe_kernel(DevMatrix m, const float* x, int64_t xs,
-                                                           float* out, int64_t os, int rows, int accumulate) {
+__global__ void __launch_bounds__(kBlock)
+    gemv_pipe_kernel(DevMatrix m, const float* x, int64_t xs, float* out, int64_t os, int rows,
+                     bool accumulate) {
   gemv_pipe<FMT, BITS, VEC, NR>(OneMatrix{&m, out, os, accumulate}, x, xs, rows);
 }
 
 template <int FMT, int BITS, bool VEC, int NR>
 __global__ void __launch_bounds__(kBlock)
     gemv_multi_pipe_kernel(const __grid_constant__ GemvMulti g, const float* x, int64_t xs, int rows) {
-  gemv_pipe<FMT, BITS, VEC, NR>(StackedMatrices{&g, 0}, x, xs, rows);
+  gemv_pipe<FMT, BITS, VEC, NR>(StackedMatrices{&g, false}, x, xs, rows);
 }
 
 template <int FMT, int NR>
@@ -397,13 +398,12 @@ void launch_gemv(const DevMatrix& w, const float* x, int64_t xs, float* out, int
       launch_gemv_mma(w, xc, xs, oc, os, n, accumulate, stream);
       continue;
     }
-    const int acc = accumulate ? 1 : 0;
     with_format(w.fmt, w.bits, [&](auto f) {
       constexpr int F = decltype(f)::kFmt, B = decltype(f)::kBits;
       if (!vec) {
         // Unaligned activations (a column slice): rare, one variant.
         launch_pdl(gemv_kernel<F, B, false, kMaxRows>, grid, dim3(kBlock), 0, stream, w, xc, xs, oc, os, n,
-                   acc);
+                   accumulate);
         return;
       }
       with_rows_class(n, [&](auto nr) {
@@ -412,9 +412,10 @@ void launch_gemv(const DevMatrix& w, const float* x, int64_t xs, float* out, int
           static const unsigned blocks = resident_blocks(gemv_pipe_kernel<F, B, true, NR>);
           const unsigned want = gemv_blocks(w.rows);
           launch_pdl(gemv_pipe_kernel<F, B, true, NR>, dim3(want < blocks ? want : blocks), dim3(kBlock), 0,
-                     stream, w, xc, xs, oc, os, n, acc);
+                     stream, w, xc, xs, oc, os, n, accumulate);
         } else {
-          launch_pdl(gemv_kernel<F, B, true, NR>, grid, dim3(kBlock), 0, stream, w, xc, xs, oc, os, n, acc);
+          launch_pdl(gemv_kernel<F, B, true, NR>, grid, dim3(kBlock), 0, stream, w, xc, xs, oc, os, n,
+                     accumulate);
         }
       });
     });

@@ -32,9 +32,14 @@ struct SampleRowParams {
   float repetition = 1.0f;
 };
 
+// backend.h SampleRule (kBlockwise: its kBlock, a name kernels.h takes), and the deliberately wrong variants
+// the exactness tests use (backend/cpu/sampling.h kFaulty*); cuda_ops.cpp checks that the values agree.
+enum class SampleRule : int32_t { kGreedy = 0, kTokenwise = 1, kBlockwise = 2, kSeeded = 3 };
+enum class Faulty : int32_t { kNone = 0, kBlockUncapped = 1, kBlockFirstFailure = 2, kTokenwiseResample = 3 };
+
 struct SampleLaunch {
-  int rule = 0;  // backend.h SampleRule
-  int faulty = 0;
+  SampleRule rule = SampleRule::kGreedy;
+  Faulty faulty = Faulty::kNone;
   SampleRowParams target, draft;
   const float* logits = nullptr;  // [rows, vocab]
   int64_t logits_stride = 0;
@@ -42,10 +47,10 @@ struct SampleLaunch {
   int64_t draft_stride = 0;
   int32_t* drafts = nullptr;  // [prior + rows - 1 (+ 1 with write_draft)]
   int prior = 0;
-  int write_draft = 0;
+  bool write_draft = false;
   const float* bias = nullptr;  // [vocab] or null
   int32_t* history = nullptr;   // [vocab] or null
-  int commit = 0;
+  bool commit = false;
   const int64_t* control = nullptr;  // backend.h kSampleControlWords
   int logprobs = -1;
   int32_t* out = nullptr;  // backend.h sample_out_words(rows, logprobs)

@@ -6,8 +6,6 @@
 namespace pd::cuda::smp {
 namespace {
 
-constexpr int kGreedy = 0, kTokenwise = 1, kBlock = 2, kSeeded = 3;
-constexpr int kFaultyUncapped = 1, kFaultyFirstFailure = 2, kFaultyResample = 3;
 constexpr int kStatusNonFinite = 1, kStatusAllMasked = 2, kStatusDraftNotInDraft = 3;
 constexpr int kOutAccepted = 3, kOutTokens = 4;
 constexpr int kControlSeed = 0, kControlPosition = 1, kControlUniforms = 2;
@@ -88,7 +86,7 @@ __global__ void k_accept_prep(SampleLaunch s, Layout L) {
   CallState& c = *L.call;
   if (threadIdx.x != 0 || failed(c)) return;
   const int k = s.rows - 1;
-  const double cap = s.faulty == kFaultyUncapped ? kUncappedLimit : 1.0;
+  const double cap = s.faulty == Faulty::kBlockUncapped ? kUncappedLimit : 1.0;
   c.big_p[0] = 1.0;
   for (int i = 1; i <= k; ++i) {
     const int d = s.drafts[s.prior + i - 1];
@@ -123,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) k_residual_mass(SampleLaunch s, Layo
   if (threadIdx.x == 0) atomic_add_u128(&c.z_lo[i], &c.z_hi[i], sum);
 }
 
-__device__ void set_draw(CallState& c, int accepted, int mode, int row, int qrow, double scale) {
+__device__ void set_draw(CallState& c, int accepted, DrawMode mode, int row, int qrow, double scale) {
   c.accepted = accepted;
   c.draw_mode = mode;
   c.draw_row = row;
@@ -148,20 +146,20 @@ __global__ void k_decide(SampleLaunch s, Layout L) {
   const int k = s.rows - 1;
   const int* d = s.drafts + s.prior;
   switch (s.rule) {
-    case kGreedy:
-    case kSeeded: {
+    case SampleRule::kGreedy:
+    case SampleRule::kSeeded: {
       int j = 0;
       int own = 0;
       for (; j <= k; ++j) {
-        own = s.rule == kGreedy ? key_token(L.rows[j].argmax_key) : L.rows[j].seeded_token;
+        own = s.rule == SampleRule::kGreedy ? key_token(L.rows[j].argmax_key) : L.rows[j].seeded_token;
         if (j == k || d[j] != own) break;
       }
       c.accepted = j;
       c.next = own;
-      c.draw_mode = 0;
+      c.draw_mode = DrawMode::kKnown;
       return;
     }
-    case kTokenwise:
+    case SampleRule::kTokenwise:
       for (int j = 0; j < k; ++j) {
         const double pd = row_prob(L, s.vocab, j, d[j]);
         const double qd = row_prob(L, s.vocab, s.rows + j, d[j]);
@@ -172,16 +170,16 @@ __global__ void k_decide(SampleLaunch s, Layout L) {
         }
         const double ratio = pd / qd;
         if (uniform(s, j) <= (ratio < 1.0 ? ratio : 1.0)) continue;
-        if (s.faulty == kFaultyResample) {
-          set_draw(c, j, 1, j, 0, 1.0);
+        if (s.faulty == Faulty::kTokenwiseResample) {
+          set_draw(c, j, DrawMode::kRow, j, 0, 1.0);
         } else {
-          set_draw(c, j, 2, j, s.rows + j, 1.0);
+          set_draw(c, j, DrawMode::kResidual, j, s.rows + j, 1.0);
         }
         return;
       }
-      set_draw(c, k, 1, k, 0, 1.0);
+      set_draw(c, k, DrawMode::kRow, k, 0, 1.0);
       return;
-    case kBlock: {
+    case SampleRule::kBlockwise: {
       int tau = 0;
       bool fail = false;
       for (int i = 1; i <= k; ++i) {
@@ -192,7 +190,7 @@ __global__ void k_decide(SampleLaunch s, Layout L) {
           h = denom > 0.0 ? z / denom : 0.0;
         }
         const double eta = uniform(s, i - 1);
-        if (s.faulty == kFaultyFirstFailure) {
+        if (s.faulty == Faulty::kBlockFirstFailure) {
           if (!fail && eta <= h) {
             tau = i;
           } else {
@@ -203,9 +201,9 @@ __global__ void k_decide(SampleLaunch s, Layout L) {
         }
       }
       if (tau == k) {
-        set_draw(c, k, 1, k, 0, 1.0);
+        set_draw(c, k, DrawMode::kRow, k, 0, 1.0);
       } else {
-        set_draw(c, tau, 2, tau, s.rows + tau, c.big_p[tau]);
+        set_draw(c, tau, DrawMode::kResidual, tau, s.rows + tau, c.big_p[tau]);
       }
       return;
     }
@@ -231,10 +229,10 @@ __global__ void __launch_bounds__(kThreads) k_draw(SampleLaunch s, Layout L) {
   __shared__ U128 target;
   __shared__ bool use_residual;
   CallState& c = *L.call;
-  if (failed(c) || c.draw_mode == 0) return;
+  if (failed(c) || c.draw_mode == DrawMode::kKnown) return;
   const int r = c.draw_row, qr = c.draw_qrow;
   const double scale = c.draw_scale;
-  const bool residual = c.draw_mode == 2;
+  const bool residual = c.draw_mode == DrawMode::kResidual;
   U128 mp{}, mr{};
   const int begin = blockIdx.x * kChunk, end = min(begin + kChunk, s.vocab);
   for (int t = begin + static_cast<int>(threadIdx.x); t < end; t += kThreads) {
@@ -434,20 +432,21 @@ bool can_select(const SampleRowParams& p) {
 
 void launch_sample_impl(const SampleLaunch& s, cudaStream_t stream) {
   const Layout L = layout_of(s.scratch, s.rows, s.draft_rows, s.vocab, s.logprobs);
-  const bool weights = s.rule != kGreedy;
+  const bool weights = s.rule != SampleRule::kGreedy;
   const bool select = weights && (can_select(s.target) || (s.draft_rows > 0 && can_select(s.draft)));
   launch_rows(s, L, weights, select, stream);
   const int k = s.rows - 1;
   const unsigned int nb = static_cast<unsigned int>(L.nb);
-  if (s.rule == kSeeded)
+  if (s.rule == SampleRule::kSeeded)
     PD_SAMPLE_LAUNCH(k_seeded, dim3(nb, static_cast<unsigned int>(s.rows)), kThreads, stream, s, L);
-  if (s.rule == kBlock && k >= 1) {
+  if (s.rule == SampleRule::kBlockwise && k >= 1) {
     PD_SAMPLE_LAUNCH(k_accept_prep, 1, 32, stream, s, L);
     if (k >= 2)
       PD_SAMPLE_LAUNCH(k_residual_mass, dim3(nb, static_cast<unsigned int>(k - 1)), kThreads, stream, s, L);
   }
   PD_SAMPLE_LAUNCH(k_decide, 1, 32, stream, s, L);
-  if (s.rule == kTokenwise || s.rule == kBlock) PD_SAMPLE_LAUNCH(k_draw, nb, kThreads, stream, s, L);
+  if (s.rule == SampleRule::kTokenwise || s.rule == SampleRule::kBlockwise)
+    PD_SAMPLE_LAUNCH(k_draw, nb, kThreads, stream, s, L);
   if (s.logprobs >= 0)
     PD_SAMPLE_LAUNCH(k_logprobs, dim3(nb, static_cast<unsigned int>(s.rows)), kThreads, stream, s, L);
   PD_SAMPLE_LAUNCH(k_finish, 1, kThreads, stream, s, L);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "puredrive/backend/cuda/sampling.h"
+#include "puredrive/backend/cuda/scratch_carver.h"
 #include "puredrive/backend/sampling_math.h"
 
 // Kernel launches go through this macro so that a test can run the kernels on the CPU
@@ -81,11 +82,15 @@ struct RowState {
   unsigned int cand_id[kCap];
 };
 
+// How the final token is found: known (next), drawn from row draw_row, or drawn from its residual against
+// row draw_qrow.
+enum class DrawMode : int { kKnown, kRow, kResidual };
+
 struct CallState {
   int status, d1, d2;      // a bad draft or a draft that q cannot produce
   unsigned int row_error;  // min of row << 22 | slot
   int accepted, next;
-  int draw_mode;  // 0: next is known; 1: draw from row draw_row; 2: its residual against row draw_qrow
+  DrawMode draw_mode;
   int draw_row, draw_qrow;
   unsigned int done_blocks;
   double draw_scale;
@@ -108,36 +113,25 @@ struct Layout {
   int nb;
 };
 
-__host__ __device__ inline int64_t align_up(int64_t v) {
-  return (v + 255) / 256 * 256;
-}
-
 __host__ __device__ inline int blocks_for(int vocab) {
   return (vocab + kChunk - 1) / kChunk;
 }
 
-// Offsets of the parts in the scratch (layout_bytes with base 0 is the size).
+// The parts of the scratch at base (null: none, *bytes only: the size).
 __host__ __device__ inline Layout layout_of(void* base, int rows, int draft_rows, int vocab, int logprobs,
                                             int64_t* bytes = nullptr) {
-  char* p = static_cast<char*>(base);
   const int nb = blocks_for(vocab);
   const int nrows = rows + draft_rows;
-  int64_t off = 0;
+  ScratchCarver c(base);
   Layout l{};
   l.nb = nb;
-  l.call = reinterpret_cast<CallState*>(p + off);
-  off = align_up(off + static_cast<int64_t>(sizeof(CallState)));
-  l.rows = reinterpret_cast<RowState*>(p + off);
-  off = align_up(off + static_cast<int64_t>(sizeof(RowState)) * nrows);
-  l.w = reinterpret_cast<double*>(p + off);
-  off = align_up(off + static_cast<int64_t>(sizeof(double)) * nrows * vocab);
-  l.seed_parts = reinterpret_cast<SeedPart*>(p + off);
-  off = align_up(off + static_cast<int64_t>(sizeof(SeedPart)) * rows * nb);
-  l.draw_parts = reinterpret_cast<U128*>(p + off);
-  off = align_up(off + static_cast<int64_t>(sizeof(U128)) * 2 * nb);
-  l.top_cands = reinterpret_cast<uint64_t*>(p + off);
-  off = align_up(off + static_cast<int64_t>(sizeof(uint64_t)) * rows * nb * (logprobs > 0 ? logprobs : 1));
-  if (bytes != nullptr) *bytes = off;
+  l.call = c.take<CallState>(1);
+  l.rows = c.take<RowState>(nrows);
+  l.w = c.take<double>(int64_t{nrows} * vocab);
+  l.seed_parts = c.take<SeedPart>(int64_t{rows} * nb);
+  l.draw_parts = c.take<U128>(int64_t{2} * nb);
+  l.top_cands = c.take<uint64_t>(int64_t{rows} * nb * (logprobs > 0 ? logprobs : 1));
+  if (bytes != nullptr) *bytes = c.bytes();
   return l;
 }
 

@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(kThreads) k_init(SampleLaunch s, Layout L) {
     c.row_error = kNoError;
     c.accepted = 0;
     c.next = -1;
-    c.draw_mode = 0;
+    c.draw_mode = DrawMode::kKnown;
     c.done_blocks = 0;
     for (int i = 0; i < 16; ++i) {
       c.z_lo[i] = 0;
