@@ -9,7 +9,7 @@
 # PD_TESTS (test binaries), PD_TEST_S (seconds per test binary, default 200), PD_SKIP_TESTS=1,
 # PD_SKIP_CHECK=1, PD_CHECK_S (seconds per `check`, default 60), PD_NCU_QUANTS (candidate only, default
 # none) with PD_NCU_ROWS (rows of the profiled step, default 1) and PD_NCU_DETAIL (kernel-name regex for
-# full ncu sections), PD_CAND_LONG (contexts for one more candidate-only bf16 bench, --fill auto: synthetic
+# full ncu sections), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk), PD_CAND_LONG (contexts for one more candidate-only bf16 bench, --fill auto: synthetic
 # above 64K, e.g. 32k,128k,256k; default none), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
 # MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle, default 2.3, in every cell of the
 # bundles whose bench has --accept-mean; PD_MTP_DRAFT_VOCAB: their --mtp-draft-vocab).
@@ -164,24 +164,18 @@ for q in ${PD_NCU_QUANTS:-}; do
       --verify-iters 1 --profile-steps 1 --profile-rows "$nr" >/dev/null 2>&1
     cp "$det/ncu_detail_${q}_r$nr.txt" "$out/" 2>/dev/null
   fi
-  python3 - "$det/ncu_${q}_r$nr.csv" "$q R=$nr" <<'PY' | tee -a "$out/summary.txt"
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-if not rows: print("ncu: no data"); sys.exit()
-h = rows[0]; rows = rows[1:]
-ki, mi, vi, ii = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
-k = collections.defaultdict(lambda: [0, 0.0, 0.0]); seen = {}
-for r in rows:
-    name = r[ki].split("(")[0].split("<")[0].replace("void ", "").strip(); kid = r[ii]
-    v = float(r[vi].replace(",", "")) if r[vi] else 0.0
-    if r[mi] == "gpu__time_duration.sum": k[name][0] += 1; k[name][1] += v * 1e-9
-    elif r[mi].startswith("dram__bytes"): k[name][2] += v
-tt = sum(x[1] for x in k.values()); tb = sum(x[2] for x in k.values())
-print(f"ncu {sys.argv[2]}: {sum(x[0] for x in k.values())} kernels, {tt*1e3:.3f} ms, {tb/1e9:.2f} GB, {tb/tt/1e12:.2f} TB/s")
-for n, (c, t, b) in sorted(k.items(), key=lambda kv: -kv[1][1]):
-    print(f"    {n:<34} {c:4d} x {t/c*1e6:6.1f} us = {t*1e3:6.3f} ms  {b/t/1e12 if t else 0:5.2f} TB/s")
-PY
+  python3 bench/device/ncu_summary.py "$det/ncu_${q}_r$nr.csv" "$q R=$nr" | tee -a "$out/summary.txt"
  done
+done
+# PD_NCU_PREFILL="bf16 ...": the kernels of the last prefill chunk (PD_PREFILL_CONTEXT tokens, default 2k, in
+# one chunk of up to 2048 rows) of the candidate, summed per kernel.
+for q in ${PD_NCU_PREFILL:-}; do
+  ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_prefill_chunk/ \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
+    --log-file "$det/ncu_prefill_$q.csv" env LD_LIBRARY_PATH=$root/build/cand/lib build/cand/bin/puredrive_device bench \
+    --synth qwen3.5-35b-a3b --quant "$q" --contexts "${PD_PREFILL_CONTEXT:-2k}" --tokens 2 --verify-iters 1 \
+    --profile-steps 0 >/dev/null 2>&1
+  python3 bench/device/ncu_summary.py "$det/ncu_prefill_$q.csv" "$q prefill chunk" | tee -a "$out/summary.txt"
 done
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$out/summary.txt"
 tar -czf "$out/detail.tar.gz" -C "$out" detail && rm -rf "$det"

@@ -190,8 +190,15 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   for (int begin = 0; !synthetic && begin < context; begin += chunk) {
     const int n = std::min(chunk, context - begin);
     const bool final_chunk = begin + n == context;
+#ifdef PD_HAVE_CUDA
+    // The last chunk is marked for kernel-level profilers (compare.sh PD_NCU_PREFILL).
+    if (final_chunk && be.device() == Device::kCuda) cuda_range_push("pd_prefill_chunk");
+#endif
     last = run_step(m, st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
                     final_chunk ? LogitRows::kLast : LogitRows::kNone, ids, /*prefill=*/true);
+#ifdef PD_HAVE_CUDA
+    if (final_chunk && be.device() == Device::kCuda) cuda_range_pop();
+#endif
     if ((begin / chunk + 1) % 1024 == 0) {
       fmt::print(stderr, "  prefill {}/{} tokens, {:.1f} s\n", begin + n, context, seconds(p0, Clock::now()));
     }
