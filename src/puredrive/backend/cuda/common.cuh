@@ -103,9 +103,48 @@ struct RawW8 {
   float scale, bias;
 };
 
+// The scale dtype of affine weights as a template constant (an SDType value), or kAnySd: read at run time.
+// A product's inner loop takes the constant (with_scale_dtype): the run-time switch, two per 8 codes, was a
+// third of an affine product's instructions.
+constexpr int kAnySd = -1;
+
+template <int SD>
+__device__ __forceinline__ float scale_of(const void* p, SDType t, int64_t i) {
+  if constexpr (SD == kAnySd) {
+    return scale_at(p, t, i);
+  } else if constexpr (SD == static_cast<int>(SDType::kBF16)) {
+    return bf16_bits(__ldg(static_cast<const uint16_t*>(p) + i));
+  } else if constexpr (SD == static_cast<int>(SDType::kF16)) {
+    return f16_bits(__ldg(static_cast<const uint16_t*>(p) + i));
+  } else {
+    return __ldg(static_cast<const float*>(p) + i);
+  }
+}
+
+// Calls f(std::integral_constant<int, SD>{}) with SD the constant for scale dtype t (affine FMT), or kAnySd
+// for dense formats, which have no scales.
+template <int FMT, typename F>
+__device__ __forceinline__ void with_scale_dtype(SDType t, F&& f) {
+  if constexpr (FMT != static_cast<int>(WFmt::kAffine)) {
+    f(std::integral_constant<int, kAnySd>{});
+  } else {
+    switch (t) {
+      case SDType::kBF16:
+        f(std::integral_constant<int, static_cast<int>(SDType::kBF16)>{});
+        return;
+      case SDType::kF16:
+        f(std::integral_constant<int, static_cast<int>(SDType::kF16)>{});
+        return;
+      default:
+        f(std::integral_constant<int, static_cast<int>(SDType::kF32)>{});
+        return;
+    }
+  }
+}
+
 // Columns [8c, 8c + 8) of row n of m (data/scales/biases already offset to the expert).
 // MLX affine: codes are LSB-first in the row's bit stream, so 8 codes start at byte c * BITS.
-template <int FMT, int BITS>
+template <int FMT, int BITS, int SD = kAnySd>
 __device__ __forceinline__ RawW8 load_raw8(const DevMatrix& m, const void* data, const void* scales,
                                            const void* biases, int64_t n, int64_t c) {
   RawW8 r;
@@ -139,9 +178,9 @@ __device__ __forceinline__ RawW8 load_raw8(const DevMatrix& m, const void* data,
     // group_size is 32, 64 or 128 (model_config.cpp): a shift instead of two 64-bit divisions per load,
     // which cost as much as the chunk's arithmetic.
     const int shift = __ffs(m.group_size) - 1;
-    const int64_t gi = n * (m.cols >> shift) + ((c * 8) >> shift);
-    r.scale = scale_at(scales, m.scale_dtype, gi);
-    r.bias = scale_at(biases, m.scale_dtype, gi);
+    const int64_t gi = n * (m.cols >> shift) + ((static_cast<uint32_t>(c) * 8u) >> shift);
+    r.scale = scale_of<SD>(scales, m.scale_dtype, gi);
+    r.bias = scale_of<SD>(biases, m.scale_dtype, gi);
   }
   return r;
 }
@@ -259,20 +298,23 @@ __device__ __forceinline__ void dot_rows(const DevMatrix& m, const void* data, c
                                          uint32_t mask, int lane, float acc[NR]) {
   constexpr int kBatch = dot_batch<FMT>();
   const int64_t chunks = m.cols / 8;
-  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
-    RawW8 raw[kBatch];
+  with_scale_dtype<FMT>(m.scale_dtype, [&](auto sd) {
+    constexpr int SD = decltype(sd)::value;
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
+      RawW8 raw[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int64_t c = c0 + 32 * u;
-      if (c < chunks) raw[u] = load_raw8<FMT, BITS>(m, data, scales, biases, n, c);
-    }
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c < chunks) raw[u] = load_raw8<FMT, BITS, SD>(m, data, scales, biases, n, c);
+      }
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int64_t c = c0 + 32 * u;
-      if (c >= chunks) break;
-      fma_chunk<FMT, BITS, NR, VEC>(raw[u], xr, c, mask, acc);
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c >= chunks) break;
+        fma_chunk<FMT, BITS, NR, VEC>(raw[u], xr, c, mask, acc);
+      }
     }
-  }
+  });
 }
 
 template <int FMT, int BITS, bool VEC, int NR>
@@ -283,22 +325,30 @@ __device__ __forceinline__ void dot_rows2(const DevMatrix& m, const void* data, 
                                           float acc2[NR]) {
   constexpr int kBatch = dot_batch<FMT>() / 2;
   const int64_t chunks = m.cols / 8;
-  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
-    RawW8 raw[kBatch], raw2[kBatch];
+  auto loop = [&](auto sd) {
+    constexpr int SD = decltype(sd)::value;
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
+      RawW8 raw[kBatch], raw2[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int64_t c = c0 + 32 * u;
-      if (c < chunks) {
-        raw[u] = load_raw8<FMT, BITS>(m, data, scales, biases, n, c);
-        raw2[u] = load_raw8<FMT, BITS>(m2, data2, scales2, biases2, n, c);
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c < chunks) {
+          raw[u] = load_raw8<FMT, BITS, SD>(m, data, scales, biases, n, c);
+          raw2[u] = load_raw8<FMT, BITS, SD>(m2, data2, scales2, biases2, n, c);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c >= chunks) break;
+        fma_chunk2<FMT, BITS, NR, VEC>(raw[u], raw2[u], xr, c, mask, acc, acc2);
       }
     }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int64_t c = c0 + 32 * u;
-      if (c >= chunks) break;
-      fma_chunk2<FMT, BITS, NR, VEC>(raw[u], raw2[u], xr, c, mask, acc, acc2);
-    }
+  };
+  if (m.scale_dtype == m2.scale_dtype) {
+    with_scale_dtype<FMT>(m.scale_dtype, loop);
+  } else {
+    loop(std::integral_constant<int, kAnySd>{});
   }
 }
 

@@ -310,31 +310,36 @@ __device__ __forceinline__ void dot_group(const DevMatrix& m, const void* const 
                                           const float* const x[G], int valid, int lane, float acc[G]) {
   constexpr int kBatch = 2;
   const int64_t chunks = m.cols / 8;
-  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
-    RawW8 raw[G][kBatch];
+  with_scale_dtype<FMT>(m.scale_dtype, [&](auto sd) {
+    constexpr int SD = decltype(sd)::value;
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
+      RawW8 raw[G][kBatch];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+      for (int g = 0; g < G; ++g) {
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int64_t c = c0 + 32 * u;
-        if (g < valid && c < chunks) raw[g][u] = load_raw8<FMT, BITS>(m, data[g], scales[g], biases[g], n, c);
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t c = c0 + 32 * u;
+          if (g < valid && c < chunks) {
+            raw[g][u] = load_raw8<FMT, BITS, SD>(m, data[g], scales[g], biases[g], n, c);
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (g >= valid) break;
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t c = c0 + 32 * u;
+          if (c >= chunks) break;
+          float w[8], xv[8];
+          decode8<FMT, BITS>(raw[g][u], w);
+          load_x8<true>(x[g] + c * 8, xv);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[g] = fmaf(xv[j], w[j], acc[g]);
+        }
       }
     }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (g >= valid) break;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int64_t c = c0 + 32 * u;
-        if (c >= chunks) break;
-        float w[8], xv[8];
-        decode8<FMT, BITS>(raw[g][u], w);
-        load_x8<true>(x[g] + c * 8, xv);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[g] = fmaf(xv[j], w[j], acc[g]);
-      }
-    }
-  }
+  });
 }
 
 // Down projection and combine in one pass: warp w of block (b, r) owns hidden output n = 8 b + w of row r
