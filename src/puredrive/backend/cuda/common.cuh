@@ -345,11 +345,13 @@ __device__ __forceinline__ void dot_rows2(const DevMatrix& m, const void* data, 
       }
     }
   };
-  if (m.scale_dtype == m2.scale_dtype) {
-    with_scale_dtype<FMT>(m.scale_dtype, loop);
-  } else {
-    loop(std::integral_constant<int, kAnySd>{});
+  if constexpr (FMT == static_cast<int>(WFmt::kAffine)) {
+    if (m.scale_dtype == m2.scale_dtype) {
+      with_scale_dtype<FMT>(m.scale_dtype, loop);
+      return;
+    }
   }
+  loop(std::integral_constant<int, kAnySd>{});
 }
 
 // The same for a format chosen at run time (one uniform branch per call).

@@ -304,41 +304,48 @@ __global__ void __launch_bounds__(kBlock)
 // Products of output row n of G matrices of one format (the down projections of G experts) with G inputs,
 // lane-chunk order as dot_rows, so each result is bitwise what dot_rows gives; the loads of all G matrices
 // are issued before their products.
+template <int FMT, int BITS, int G, int SD>
+__device__ __forceinline__ void dot_group_sd(const DevMatrix& m, const void* const data[G],
+                                             const void* const scales[G], const void* const biases[G],
+                                             int64_t n, const float* const x[G], int valid, int lane,
+                                             float acc[G]) {
+  constexpr int kBatch = 2;
+  const int64_t chunks = m.cols / 8;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
+    RawW8 raw[G][kBatch];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (g < valid && c < chunks) {
+          raw[g][u] = load_raw8<FMT, BITS, SD>(m, data[g], scales[g], biases[g], n, c);
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (g >= valid) break;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c >= chunks) break;
+        float w[8], xv[8];
+        decode8<FMT, BITS>(raw[g][u], w);
+        load_x8<true>(x[g] + c * 8, xv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g] = fmaf(xv[j], w[j], acc[g]);
+      }
+    }
+  }
+}
+
 template <int FMT, int BITS, int G>
 __device__ __forceinline__ void dot_group(const DevMatrix& m, const void* const data[G],
                                           const void* const scales[G], const void* const biases[G], int64_t n,
                                           const float* const x[G], int valid, int lane, float acc[G]) {
-  constexpr int kBatch = 2;
-  const int64_t chunks = m.cols / 8;
   with_scale_dtype<FMT>(m.scale_dtype, [&](auto sd) {
-    constexpr int SD = decltype(sd)::value;
-    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
-      RawW8 raw[G][kBatch];
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int64_t c = c0 + 32 * u;
-          if (g < valid && c < chunks) {
-            raw[g][u] = load_raw8<FMT, BITS, SD>(m, data[g], scales[g], biases[g], n, c);
-          }
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        if (g >= valid) break;
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int64_t c = c0 + 32 * u;
-          if (c >= chunks) break;
-          float w[8], xv[8];
-          decode8<FMT, BITS>(raw[g][u], w);
-          load_x8<true>(x[g] + c * 8, xv);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[g] = fmaf(xv[j], w[j], acc[g]);
-        }
-      }
-    }
+    dot_group_sd<FMT, BITS, G, decltype(sd)::value>(m, data, scales, biases, n, x, valid, lane, acc);
   });
 }
 
