@@ -175,7 +175,7 @@ __device__ __forceinline__ RawW8 load_raw8(const DevMatrix& m, const void* data,
 #pragma unroll
       for (int i = 0; i < BITS; ++i) r.v |= static_cast<uint64_t>(__ldg(p + i)) << (8 * i);
     }
-    // group_size is 32, 64 or 128 (model_config.cpp): a shift instead of two 64-bit divisions per load,
+    // group_size is 32, 64 or 128 (validate_matrix): a shift instead of two 64-bit divisions per load,
     // which cost as much as the chunk's arithmetic.
     const int shift = __ffs(m.group_size) - 1;
     const int64_t gi = n * (m.cols >> shift) + ((static_cast<uint32_t>(c) * 8u) >> shift);
