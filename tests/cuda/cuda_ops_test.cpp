@@ -59,7 +59,7 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
   cases.push_back({WeightFormat::kAffine, 6, 128, DType::kF32});
   cases.push_back({WeightFormat::kAffine, 8, 64});
   const std::vector<int64_t> ks =
-      cudatest::quick() ? std::vector<int64_t>{256} : std::vector<int64_t>{64, 256, 2048};
+      cudatest::quick() ? std::vector<int64_t>{256} : std::vector<int64_t>{64, 256, 2048, 4096};
   // R > kMaxRows (11, 70) runs the tensor-core prefill kernel: checked against the references within its
   // tolerance (kMmaTolerance), not bitwise.
   const std::vector<int> rs = cudatest::quick() ? std::vector<int>{1, 11} : std::vector<int>{1, 3, 8, 11, 70};
@@ -111,6 +111,52 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
         }
       }
     }
+  }
+}
+
+// bf16 products of the widths the streamed kernel takes (gemv_stream.cu), with enough weight rows that
+// every SM streams several tiles and its ring of stages wraps around: against a double-precision product,
+// every row of an 8-row call equal to its one-row call, and a stacked launch (matmuls, the last matrix
+// ending inside a tile) bitwise equal to one launch per matrix.
+TEST_F(CudaOps, StreamedProductsRowExact) {
+  for (const int64_t K : {int64_t{512}, int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
+    SCOPED_TRACE(fmt::format("K={}", K));
+    const int64_t N = 16 * 132 * 8 + 7;
+    auto w = test::make_matrix(rng_, N, K, WeightFormat::kBF16, 0, 0, 0.5f);
+    auto w2 = test::make_matrix(rng_, 45, K, WeightFormat::kBF16, 0, 0, 0.5f);
+    const MatrixId wg = gpu_->bind_matrix(w->m).value(), wg2 = gpu_->bind_matrix(w2->m).value();
+    const int R = cuda::kMaxRows;
+    const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
+    Buffer xg = device_tensor(*gpu_, DType::kF32, R, K, x);
+    Buffer og = device_tensor(*gpu_, DType::kF32, R, N, std::vector<float>{});
+    ASSERT_TRUE(gpu_->matmul({.w = wg, .x = xg.tensor(), .out = og.tensor()}).is_ok());
+    const std::vector<float> got = download<float>(*gpu_, og.tensor());
+    std::vector<float> ref(got.size());
+    for (int r = 0; r < R; ++r) {
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          s += static_cast<double>(x[static_cast<size_t>(r * K + k)]) *
+               w->reference[static_cast<size_t>(n * K + k)];
+        }
+        ref[static_cast<size_t>(r * N + n)] = static_cast<float>(s);
+      }
+    }
+    EXPECT_LE(rel_err(got, ref), cudatest::kMmaTolerance);
+    for (int r = 0; r < R; ++r) {
+      Buffer x1 = device_tensor(*gpu_, DType::kF32, 1, K, rows_of(x, K, r, 1));
+      Buffer o1 = device_tensor(*gpu_, DType::kF32, 1, N, std::vector<float>{});
+      ASSERT_TRUE(gpu_->matmul({.w = wg, .x = x1.tensor(), .out = o1.tensor()}).is_ok());
+      EXPECT_TRUE(same_bits(download<float>(*gpu_, o1.tensor()), rows_of(got, N, r, 1))) << "row " << r;
+    }
+    Buffer f1 = device_tensor(*gpu_, DType::kF32, R, N, std::vector<float>{});
+    Buffer f2 = device_tensor(*gpu_, DType::kF32, R, 45, std::vector<float>{});
+    Buffer s2 = device_tensor(*gpu_, DType::kF32, R, 45, std::vector<float>{});
+    ASSERT_TRUE(gpu_->matmul({.w = wg2, .x = xg.tensor(), .out = s2.tensor()}).is_ok());
+    const std::vector<MatmulTarget> targets = {{wg, f1.tensor()}, {wg2, f2.tensor()}};
+    ASSERT_TRUE(gpu_->matmuls({.x = xg.tensor(), .targets = targets}).is_ok());
+    EXPECT_TRUE(same_bits(download<float>(*gpu_, f1.tensor()), got));
+    EXPECT_TRUE(same_bits(download<float>(*gpu_, f2.tensor()), download<float>(*gpu_, s2.tensor())));
   }
 }
 

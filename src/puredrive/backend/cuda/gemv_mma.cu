@@ -27,7 +27,6 @@ namespace pd::cuda {
 namespace {
 
 constexpr int kWarps = kBlock / 32;
-constexpr int kTileN = 16;  // weight rows per tile (the mma's M)
 constexpr int kStep = 64;   // columns per load step: two 16-byte loads per lane and weight row
 constexpr int kUnroll = 2;  // load steps in flight per warp
 
@@ -105,16 +104,6 @@ __device__ __forceinline__ int acc_offset(int e, int g) {
   return g + (e >= 2 ? 8 : 0);
 }
 
-// The tiles of a launch: one matrix, or several stacked ones of one width (gemv_multi).
-struct MmaTargets {
-  DevMatrix m[kMaxMulti];
-  float* out[kMaxMulti] = {};
-  int64_t os[kMaxMulti] = {};
-  int64_t tile_end[kMaxMulti] = {};  // cumulative 16-row tiles
-  int count = 0;
-  int accumulate = 0;
-};
-
 template <bool VEC, int S>
 __global__ void __launch_bounds__(kBlock, 3)
     gemv_mma_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
@@ -185,6 +174,12 @@ void launch_slices(const MmaTargets& t, const float* x, int64_t xs, int rows, cu
 }
 
 void launch_targets(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
+  bool stream_all = true;
+  for (int i = 0; i < t.count; ++i) stream_all = stream_all && gemv_stream_supported(t.m[i]);
+  if (stream_all) {
+    launch_gemv_stream(t, x, xs, rows, stream);
+    return;
+  }
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
   const int s = slices_for(t.m[0].cols);
   auto go = [&](auto v) {

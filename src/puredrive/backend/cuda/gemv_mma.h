@@ -7,6 +7,18 @@
 
 namespace pd::cuda {
 
+constexpr int kTileN = 16;  // weight rows per tile (the mma's M)
+
+// The tiles of a launch: one matrix, or several stacked ones of one width (gemv_multi).
+struct MmaTargets {
+  DevMatrix m[kMaxMulti];
+  float* out[kMaxMulti] = {};
+  int64_t os[kMaxMulti] = {};
+  int64_t tile_end[kMaxMulti] = {};  // cumulative 16-row tiles
+  int count = 0;
+  int accumulate = 0;
+};
+
 // Whether launch_gemv routes m to the tensor-core kernel: bf16 weights whose width is a multiple of 64
 // (PD_GEMV_MMA=0 turns it off, for comparing the two kernels). The choice depends on the matrix only, never
 // on the step's rows, so verify rows stay bitwise equal to one-row steps.
@@ -16,5 +28,10 @@ void launch_gemv_mma(const DevMatrix& w, const float* x, int64_t x_stride, float
                      int rows, bool accumulate, cudaStream_t stream);
 void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t x_stride, int rows,
                            cudaStream_t stream);
+
+// The streamed variant (gemv_stream.cu): whether it takes matrices of m's shape (bf16, width 512, 1024,
+// 2048 or 4096, 16-byte aligned rows; PD_GEMV_STREAM=0 turns it off), and its launch.
+bool gemv_stream_supported(const DevMatrix& m);
+void launch_gemv_stream(const MmaTargets& t, const float* x, int64_t x_stride, int rows, cudaStream_t stream);
 
 }  // namespace pd::cuda
