@@ -386,7 +386,9 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
        {WeightFormat::kAffine, 6, 32},
        {WeightFormat::kAffine, 4, 32},
        {WeightFormat::kAffine, 8, 32}},
-      {64, 8, 256, 128, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}}};
+      {64, 8, 256, 128, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
+      // The real model's widths: decode steps stream the experts (moe_stream.cu).
+      {64, 8, 2048, 512, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}}};
   for (const Case& c : cases) {
     if (cudatest::small() && &c != &cases.front()) break;
     SCOPED_TRACE(fmt::format("E={} k={} {}", c.experts, c.top_k, describe(c.g)));
@@ -402,7 +404,10 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
       ASSERT_TRUE(cpu_->moe({.moe = mc, .x = xc.tensor(), .out = oc.tensor()}).is_ok());
       ASSERT_TRUE(gpu_->moe({.moe = mg, .x = xg.tensor(), .out = og.tensor()}).is_ok());
       const std::vector<float> got = download<float>(*gpu_, og.tensor());
-      EXPECT_LE(rel_err(got, download<float>(*cpu_, oc.tensor())), 1e-4) << "R=" << R;
+      // Wide steps run the grouped prefill path, whose activations carry 16 significant bits into both
+      // products (kernels.h): over the real model's 2048-wide sums it measured 1.2e-4 from the CPU (H200).
+      const double tol = R <= cuda::kMaxRows ? 1e-4 : 3e-4;
+      EXPECT_LE(rel_err(got, download<float>(*cpu_, oc.tensor())), tol) << "R=" << R;
       for (int r = 0; r < R; ++r) {
         Buffer x1 = device_tensor(*gpu_, DType::kF32, 1, c.hidden, rows_of(x, c.hidden, r, 1));
         Buffer o1 = device_tensor(*gpu_, DType::kF32, 1, c.hidden, std::vector<float>{});
@@ -412,7 +417,7 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
           EXPECT_TRUE(same_bits(one, rows_of(got, c.hidden, r, 1))) << "R=" << R << " row " << r;
         } else {
           // Wide steps (grouped tensor-core prefill path): within tolerance of the one-row (decode) result.
-          EXPECT_LE(rel_err(rows_of(got, c.hidden, r, 1), one), 1e-4) << "R=" << R << " row " << r;
+          EXPECT_LE(rel_err(rows_of(got, c.hidden, r, 1), one), tol) << "R=" << R << " row " << r;
         }
       }
     }

@@ -12,6 +12,7 @@
 // that row. Wider steps run moe_grouped.cu (tensor cores) or moe_wide.cu (tiled reference path), which
 // share this file's route and combine kernels (launch_moe_route_rows, launch_moe_combine).
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/moe_stream.h"
 #include "puredrive/backend/cuda/scratch_carver.h"
 
 namespace pd::cuda {
@@ -496,6 +497,26 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
       });
     });
     mark(1);
+    if (moe_stream_supported(m)) {
+      MoeStreamArgs a;
+      a.m = m;
+      a.m.out = m.out + r0 * m.out_stride;
+      a.x = x;
+      a.xs = m.x_stride;
+      a.rows = n;
+      a.sel = s.sel;
+      a.wts = s.wts;
+      a.used = s.used;
+      a.count = s.count;
+      a.sg = s.sg;
+      a.act = s.act;
+      a.sact = s.sact;
+      launch_moe_stream_up(a, stream);
+      mark(2);
+      launch_moe_stream_down(a, stream);
+      mark(3);
+      continue;
+    }
     const int umax = n * m.top_k < m.experts ? n * m.top_k : m.experts;
     // The routed experts and, when it shares their format, the shared expert (block umax) in one launch.
     const unsigned up_rows = grid_for(up_width, kBlock / 32);

@@ -1,0 +1,179 @@
+// The weight stream of the decode products (gemv_stream.cu, moe_stream.cu): one producer warp per block
+// copies tiles of 16 weight rows into a ring of shared-memory stages with the bulk copy engine
+// (cp.async.bulk, completing on an mbarrier per stage); kConsumers consumer warps multiply each stage on
+// the tensor cores (mma m16n8k16: the 16 weight rows as A, the step's up to 8 rows as B, split into bf16 hi
+// + lo as in gemv_mma.cu) and release it.
+//
+// Consumer warp w owns columns [w * kSlice, (w + 1) * kSlice) of every chunk; lane (g, q) reads 16 bytes
+// (8 columns) of staged rows g and g + 8 per 32 columns, rows padded so that rows g and g + 1 fall in
+// opposite halves of the banks. The 16 warps' partials of an output are summed in warp order
+// (tile_output), so a result depends only on its weight row, its activation row and the matrix width.
+#pragma once
+
+#include "puredrive/backend/cuda/common.cuh"
+
+namespace pd::cuda::stream {
+
+constexpr int kTile = 16;                        // weight rows per tile (the mma's M)
+constexpr int kConsumers = 16;                   // consumer warps
+constexpr int kThreads = (kConsumers + 1) * 32;  // and one producer warp (the last)
+constexpr int kRowPad = 64;
+// Stages in flight per block (one block per SM): about 200 KB for 16 rows of 1024 columns. (Rings of 64 or
+// 96 KB measured 5% slower decode steps on the H200; 140 KB no different.)
+constexpr int kStages = 6;
+
+// K = 512 * KB columns, streamed in chunks of at most 1024 columns.
+template <int KB>
+struct Shape {
+  static constexpr int kCols = 512 * KB;
+  static constexpr int kChunk = kCols < 1024 ? kCols : 1024;
+  static constexpr int kChunks = kCols / kChunk;
+  static constexpr int kSlice = kChunk / kConsumers;  // columns per consumer warp and chunk: 32 or 64
+  static constexpr int kBlocks32 = kSlice / 32;
+  static constexpr int kRowBytes = kChunk * 2 + kRowPad;
+  static constexpr int kStageBytes = kTile * kRowBytes;
+  static constexpr int kCopyBytes = kChunk * 2;  // per row
+  // The ring, the warps' partials (two buffers) and the barriers.
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kConsumers * 32 * 16 + 2 * kStages * 8;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (done == 0) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
+        "p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+// Synchronises the consumer warps only (the producer never joins).
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers * 32) : "memory");
+}
+
+// The block's shared memory: the ring of stages, the warps' partials, a full and an empty barrier per stage.
+// Fill f (the f-th stage the producer fills) goes to stage f % kStages.
+template <typename S>
+struct Ring {
+  uint8_t* stages;
+  float4* part;  // [2][kConsumers][32]
+  uint64_t* full;
+  uint64_t* empty;
+
+  __device__ explicit Ring(uint8_t* smem)
+      : stages(smem),
+        part(reinterpret_cast<float4*>(smem + kStages * S::kStageBytes)),
+        full(reinterpret_cast<uint64_t*>(part + 2 * kConsumers * 32)),
+        empty(full + kStages) {}
+
+  // Thread 0, then a block barrier.
+  __device__ void init() const {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __device__ static int slot(int f) { return f % kStages; }
+  __device__ static uint32_t phase(int f) { return static_cast<uint32_t>((f / kStages) & 1); }
+  __device__ uint8_t* stage(int f) const { return stages + slot(f) * S::kStageBytes; }
+
+  // Producer warp: waits until fill f's stage is free and announces its 16 row copies (lane 0).
+  __device__ void begin_fill(int f, int lane) const {
+    if (f >= kStages) mbar_wait(&empty[slot(f)], phase(f) ^ 1u);
+    if (lane == 0) mbar_expect(&full[slot(f)], kTile * S::kCopyBytes);
+    __syncwarp();
+  }
+  // Producer lane `row` (< 16): copies kChunk columns from src into the stage's row.
+  __device__ void copy_row(int f, int row, const void* src) const {
+    bulk_copy(stage(f) + row * S::kRowBytes, src, S::kCopyBytes, &full[slot(f)]);
+  }
+  __device__ void wait_full(int f) const { mbar_wait(&full[slot(f)], phase(f)); }
+  // Consumer warp: done reading fill f.
+  __device__ void release(int f, int lane) const {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[slot(f)]);
+  }
+};
+
+// Lane (g, q)'s B fragments of 32 columns (its 8 values v of row g): hi and lo pairs in mma order.
+__device__ __forceinline__ void split_fragment(const float v[8], uint32_t fr[8]) {
+  split_pair(v[0], v[1], &fr[0], &fr[2]);
+  split_pair(v[2], v[3], &fr[1], &fr[3]);
+  split_pair(v[4], v[5], &fr[4], &fr[6]);
+  split_pair(v[6], v[7], &fr[5], &fr[7]);
+}
+
+// acc += staged rows (g, g + 8) x this warp's B fragments of one chunk (kBlocks32 blocks of 32 columns);
+// st: the stage plus the lane's column offset in bytes.
+template <typename S>
+__device__ __forceinline__ void mma_chunk(float acc[4], const uint8_t* st, int g,
+                                          const uint32_t (&fr)[S::kBlocks32][8]) {
+#pragma unroll
+  for (int h = 0; h < S::kBlocks32; ++h) {
+    const uint4 wg = *reinterpret_cast<const uint4*>(st + g * S::kRowBytes + 64 * h);
+    const uint4 w8 = *reinterpret_cast<const uint4*>(st + (g + 8) * S::kRowBytes + 64 * h);
+    const uint32_t a0[4] = {wg.x, w8.x, wg.y, w8.y}, a1[4] = {wg.z, w8.z, wg.w, w8.w};
+    mma_bf16(acc, a0, fr[h][0], fr[h][1]);
+    mma_bf16(acc, a0, fr[h][2], fr[h][3]);
+    mma_bf16(acc, a1, fr[h][4], fr[h][5]);
+    mma_bf16(acc, a1, fr[h][6], fr[h][7]);
+  }
+}
+
+// The byte offset of lane (warp, q)'s columns in a staged row.
+template <typename S>
+__device__ __forceinline__ int column_bytes(int warp, int q) {
+  return (warp * S::kSlice + 8 * q) * 2;
+}
+
+// Publishes this warp's partials of a tile (buffer buf) and waits for the other consumer warps.
+__device__ __forceinline__ void publish(float4* part, int buf, int warp, int lane, const float acc[4]) {
+  part[(buf * kConsumers + warp) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  consumers_sync();
+}
+
+// The tile's output (weight row `off` of the tile, step row r): the consumer warps' partials summed in warp
+// order. Element e of lane (off % 8, r / 2) of each warp holds it.
+__device__ __forceinline__ float tile_output(const float4* part, int buf, int off, int r) {
+  const int src = (off & 7) * 4 + (r >> 1), e = (off >= 8 ? 2 : 0) + (r & 1);
+  const float* p = reinterpret_cast<const float*>(part + buf * kConsumers * 32);
+  float sum = p[src * 4 + e];
+#pragma unroll
+  for (int w = 1; w < kConsumers; ++w) sum += p[(w * 32 + src) * 4 + e];
+  return sum;
+}
+
+// Raises a stream kernel's dynamic shared-memory limit (once per kernel); returns the number of SMs.
+template <typename S, typename K>
+inline int prepare_kernel(K kernel) {
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+  return sms;
+}
+
+}  // namespace pd::cuda::stream
