@@ -26,6 +26,24 @@ using cudatest::rows_of;
 using cudatest::same_bits;
 using test::device_tensor;
 
+// The independent reference of the products: out[r][n] = sum_k x[r][k] * w[n][k] in double precision over
+// the decoded weights w [N, K], plus base[r][n] when base is given.
+std::vector<float> double_product(const std::vector<float>& x, const std::vector<float>& w, int R, int64_t N,
+                                  int64_t K, const std::vector<float>* base = nullptr) {
+  std::vector<float> out(static_cast<size_t>(R * N));
+  for (int r = 0; r < R; ++r) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        s += static_cast<double>(x[static_cast<size_t>(r * K + k)]) * w[static_cast<size_t>(n * K + k)];
+      }
+      const size_t i = static_cast<size_t>(r * N + n);
+      out[i] = static_cast<float>(s + (base != nullptr ? (*base)[i] : 0.0f));
+    }
+  }
+  return out;
+}
+
 TEST(CudaBackend, MissingDeviceIsAClearError) {
   Expected<std::unique_ptr<Backend>> b = create_backend({.name = "cuda"});
   if (b.has_value()) {
@@ -86,19 +104,8 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
           const bool mma = f.format == WeightFormat::kBF16 && K % 64 == 0;
           const double tol = R <= cuda::kMaxRows && !mma ? 1e-5 : cudatest::kMmaTolerance;
           EXPECT_LE(rel_err(got, download<float>(*cpu_, oc.tensor())), tol) << "R=" << R;
-          // Independent double-precision product of the decoded weights.
-          std::vector<float> ref(got.size());
-          for (int r = 0; r < R; ++r) {
-            for (int64_t n = 0; n < N; ++n) {
-              double s = 0;
-              for (int64_t k = 0; k < K; ++k) {
-                s += static_cast<double>(x[static_cast<size_t>(r * K + k)]) *
-                     w->reference[static_cast<size_t>(n * K + k)];
-              }
-              const float base = acc == Accum::kAdd ? init[static_cast<size_t>(r * N + n)] : 0.0f;
-              ref[static_cast<size_t>(r * N + n)] = static_cast<float>(s + base);
-            }
-          }
+          const std::vector<float> ref =
+              double_product(x, w->reference, R, N, K, acc == Accum::kAdd ? &init : nullptr);
           EXPECT_LE(rel_err(got, ref), tol) << "R=" << R << " vs double reference";
           // Row-exact up to kMaxRows rows: each row equals its one-row call.
           for (int r = 0; r < (R <= cuda::kMaxRows ? R : 0); ++r) {
@@ -131,18 +138,7 @@ TEST_F(CudaOps, StreamedProductsRowExact) {
     Buffer og = device_tensor(*gpu_, DType::kF32, R, N, std::vector<float>{});
     ASSERT_TRUE(gpu_->matmul({.w = wg, .x = xg.tensor(), .out = og.tensor()}).is_ok());
     const std::vector<float> got = download<float>(*gpu_, og.tensor());
-    std::vector<float> ref(got.size());
-    for (int r = 0; r < R; ++r) {
-      for (int64_t n = 0; n < N; ++n) {
-        double s = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          s += static_cast<double>(x[static_cast<size_t>(r * K + k)]) *
-               w->reference[static_cast<size_t>(n * K + k)];
-        }
-        ref[static_cast<size_t>(r * N + n)] = static_cast<float>(s);
-      }
-    }
-    EXPECT_LE(rel_err(got, ref), cudatest::kMmaTolerance);
+    EXPECT_LE(rel_err(got, double_product(x, w->reference, R, N, K)), cudatest::kMmaTolerance);
     for (int r = 0; r < R; ++r) {
       Buffer x1 = device_tensor(*gpu_, DType::kF32, 1, K, rows_of(x, K, r, 1));
       Buffer o1 = device_tensor(*gpu_, DType::kF32, 1, N, std::vector<float>{});

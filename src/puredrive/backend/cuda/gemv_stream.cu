@@ -72,26 +72,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool has_row = g < rows;
   const float* xr = x + (has_row ? g : 0) * xs;
   uint32_t frag[S::kChunks][S::kBlocks32][8];
-#pragma unroll
-  for (int c = 0; c < S::kChunks; ++c) {
-#pragma unroll
-    for (int h = 0; h < S::kBlocks32; ++h) {
-      float v[8] = {};
-      if (has_row) load_x8<VEC>(xr + c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q, v);
-      split_fragment(v, frag[c][h]);
-    }
-  }
+  load_fragments<S, VEC>(xr, has_row, warp, q, frag);
   const int col = column_bytes<S>(warp, q);
   int f = 0;
   int buf = 0, i = 0;
   for (int64_t tile = tile_begin; tile < tile_stop; ++tile) {
     float acc[4] = {};
-#pragma unroll
-    for (int c = 0; c < S::kChunks; ++c, ++f) {
-      ring.wait_full(f);
-      mma_chunk<S>(acc, ring.stage(f) + col, g, frag[c]);
-      ring.release(f, lane);
-    }
+    consume_tile(ring, &f, col, g, lane, frag, acc);
     publish(ring.part, buf, warp, lane, acc);
     const int64_t n0 = tile_rows(t, tile, &i);
     if (threadIdx.x < kTile * 8) {

@@ -498,19 +498,19 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
     });
     mark(1);
     if (moe_stream_supported(m)) {
-      MoeStreamArgs a;
-      a.m = m;
-      a.m.out = m.out + r0 * m.out_stride;
-      a.x = x;
-      a.xs = m.x_stride;
-      a.rows = n;
-      a.sel = s.sel;
-      a.wts = s.wts;
-      a.used = s.used;
-      a.count = s.count;
-      a.sg = s.sg;
-      a.act = s.act;
-      a.sact = s.sact;
+      MoeLaunch chunk = m;
+      chunk.out = m.out + r0 * m.out_stride;
+      const MoeStreamArgs a{.m = chunk,
+                            .x = x,
+                            .xs = m.x_stride,
+                            .rows = n,
+                            .sel = s.sel,
+                            .wts = s.wts,
+                            .used = s.used,
+                            .count = s.count,
+                            .sg = s.sg,
+                            .act = s.act,
+                            .sact = s.sact};
       launch_moe_stream_up(a, stream);
       mark(2);
       launch_moe_stream_down(a, stream);

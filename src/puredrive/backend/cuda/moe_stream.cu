@@ -122,27 +122,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   const bool has_row = g < a.rows;
   const float* xr = a.x + (has_row ? g : 0) * a.xs;
   uint32_t frag[S::kChunks][S::kBlocks32][8];
-#pragma unroll
-  for (int c = 0; c < S::kChunks; ++c) {
-#pragma unroll
-    for (int h = 0; h < S::kBlocks32; ++h) {
-      float v[8] = {};
-      if (has_row) load_x8<VEC>(xr + c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q, v);
-      split_fragment(v, frag[c][h]);
-    }
-  }
+  load_fragments<S, VEC>(xr, has_row, warp, q, frag);
   const int col = column_bytes<S>(warp, q);
   const int64_t total = shared_tiles + static_cast<int64_t>(count) * tiles;
   int f = 0;
   int buf = 0;
   for (int64_t t = blockIdx.x; t < total; t += G) {
     float acc[4] = {};
-#pragma unroll
-    for (int c = 0; c < S::kChunks; ++c, ++f) {
-      ring.wait_full(f);
-      mma_chunk<S>(acc, ring.stage(f) + col, g, frag[c]);
-      ring.release(f, lane);
-    }
+    consume_tile(ring, &f, col, g, lane, frag, acc);
     publish(ring.part, buf, warp, lane, acc);
     if (threadIdx.x < 64) {
       const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);

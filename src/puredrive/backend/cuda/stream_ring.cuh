@@ -143,10 +143,40 @@ __device__ __forceinline__ void mma_chunk(float acc[4], const uint8_t* st, int g
   }
 }
 
+// Lane (g, q)'s B fragments of every column the warp owns, from xr (row g of the activations; zeros
+// unless has_row).
+template <typename S, bool VEC>
+__device__ __forceinline__ void load_fragments(const float* xr, bool has_row, int warp, int q,
+                                               uint32_t (&frag)[S::kChunks][S::kBlocks32][8]) {
+#pragma unroll
+  for (int c = 0; c < S::kChunks; ++c) {
+#pragma unroll
+    for (int h = 0; h < S::kBlocks32; ++h) {
+      float v[8] = {};
+      if (has_row) load_x8<VEC>(xr + c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q, v);
+      split_fragment(v, frag[c][h]);
+    }
+  }
+}
+
 // The byte offset of lane (warp, q)'s columns in a staged row.
 template <typename S>
 __device__ __forceinline__ int column_bytes(int warp, int q) {
   return (warp * S::kSlice + 8 * q) * 2;
+}
+
+// acc += this warp's share of one tile: its chunks, fills *f, *f + 1, ... (*f advanced past them); col:
+// the lane's column offset (column_bytes).
+template <typename S>
+__device__ __forceinline__ void consume_tile(const Ring<S>& ring, int* f, int col, int g, int lane,
+                                             const uint32_t (&frag)[S::kChunks][S::kBlocks32][8],
+                                             float acc[4]) {
+#pragma unroll
+  for (int c = 0; c < S::kChunks; ++c, ++*f) {
+    ring.wait_full(*f);
+    mma_chunk<S>(acc, ring.stage(*f) + col, g, frag[c]);
+    ring.release(*f, lane);
+  }
 }
 
 // Publishes this warp's partials of a tile (buffer buf) and waits for the other consumer warps.
