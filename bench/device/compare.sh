@@ -33,8 +33,13 @@ unpack() {  # tarball -> folder
   if [ "$src" != "$root" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
 }
 unpack build/device-bundle.tar.xz cand
-unpack build/base-bundle.tar.xz base
-for b in cand base; do echo "$b: $(head -2 build/$b/build_info.txt | tr '\n' ' ')"; done | tee "$out/summary.txt"
+# Without a baseline bundle (the tree and two bundles can pass the device tool's 64 MiB), set PD_BASE_QUANTS=""
+# and compare against the candidate's own switches (PD_CAND_VARIANTS, e.g. PD_GEMV_STREAM=0).
+rm -rf build/base
+[ -f build/base-bundle.tar.xz ] && unpack build/base-bundle.tar.xz base
+for b in cand base; do
+  [ -f build/$b/build_info.txt ] && echo "$b: $(head -2 build/$b/build_info.txt | tr '\n' ' ')"
+done | tee "$out/summary.txt"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$out/summary.txt"
 
 with() {  # bundle command...
@@ -64,6 +69,7 @@ fi
 for q in ${PD_QUANTS:-bf16 q8 q6}; do
   for round in $(seq "${PD_ROUNDS:-2}"); do
     for b in base cand; do
+      [ -d build/$b ] || continue
       # PD_BASE_QUANTS: the formats the baseline is measured in too (default all of PD_QUANTS).
       if [ $b = base ] && [ -n "${PD_BASE_QUANTS+x}" ] && ! [[ " $PD_BASE_QUANTS " == *" $q "* ]]; then continue; fi
       j=$det/bench_${b}_${q}_$round.json
