@@ -28,7 +28,6 @@ namespace pd::cuda {
 namespace {
 
 using namespace stream;
-static_assert(kTile == kTileN, "the tiles of MmaTargets");
 
 // The matrix of tile `tile` (i, advanced from its previous value) and the tile's first row.
 __device__ __forceinline__ int64_t tile_rows(const MmaTargets& t, int64_t tile, int* i) {

@@ -83,48 +83,40 @@ void launch_moe_wide(const MoeLaunch& m, cudaStream_t stream) {
     launch_moe_route_rows(m, n, w.logits, w.sel, w.wts, stream);
     moe_bucket_kernel<<<grid_for(m.experts, 128), 128, 0, stream>>>(m.experts, m.top_k, n, w);
     // Routed experts: gate/up into act[entry], then down into y[entry].
-    TileJob up;
-    up.w = m.gate;
-    up.w2 = m.up;
-    up.dual = true;
-    up.x = x;
-    up.xs = m.x_stride;
-    up.list = w.list;
-    up.list_stride = kMoeWideRows;
-    up.list_div = m.top_k;
-    up.count = w.count;
-    up.out = w.act;
-    up.os = m.inter;
+    const TileJob up{.w = m.gate,
+                     .w2 = m.up,
+                     .dual = true,
+                     .x = x,
+                     .xs = m.x_stride,
+                     .list = w.list,
+                     .list_stride = kMoeWideRows,
+                     .list_div = m.top_k,
+                     .count = w.count,
+                     .out = w.act,
+                     .os = m.inter};
     launch_tiled(up, m.experts, n, stream);
-    TileJob dn;
-    dn.w = m.down;
-    dn.x = w.act;
-    dn.xs = m.inter;
-    dn.list = w.list;
-    dn.list_stride = kMoeWideRows;
-    dn.list_div = 1;
-    dn.count = w.count;
-    dn.out = w.y;
-    dn.os = m.hidden;
+    const TileJob dn{.w = m.down,
+                     .x = w.act,
+                     .xs = m.inter,
+                     .list = w.list,
+                     .list_stride = kMoeWideRows,
+                     .list_div = 1,
+                     .count = w.count,
+                     .out = w.y,
+                     .os = m.hidden};
     launch_tiled(dn, m.experts, n, stream);
     // The shared expert over all rows.
-    TileJob su;
-    su.w = m.sh_gate;
-    su.w2 = m.sh_up;
-    su.dual = true;
-    su.x = x;
-    su.xs = m.x_stride;
-    su.rows = n;
-    su.out = w.sact;
-    su.os = m.shared_inter;
+    const TileJob su{.w = m.sh_gate,
+                     .w2 = m.sh_up,
+                     .dual = true,
+                     .x = x,
+                     .xs = m.x_stride,
+                     .rows = n,
+                     .out = w.sact,
+                     .os = m.shared_inter};
     launch_tiled(su, 1, n, stream);
-    TileJob sd;
-    sd.w = m.sh_down;
-    sd.x = w.sact;
-    sd.xs = m.shared_inter;
-    sd.rows = n;
-    sd.out = w.ys;
-    sd.os = m.hidden;
+    const TileJob sd{
+        .w = m.sh_down, .x = w.sact, .xs = m.shared_inter, .rows = n, .out = w.ys, .os = m.hidden};
     launch_tiled(sd, 1, n, stream);
     MoeLaunch chunk = m;
     chunk.out = m.out + r0 * m.out_stride;

@@ -11,10 +11,11 @@
 #pragma once
 
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/gemv_mma.h"
 
 namespace pd::cuda::stream {
 
-constexpr int kTile = 16;                        // weight rows per tile (the mma's M)
+constexpr int kTile = kTileN;                    // weight rows per tile (the mma's M)
 constexpr int kConsumers = 16;                   // consumer warps
 constexpr int kThreads = (kConsumers + 1) * 32;  // and one producer warp (the last)
 constexpr int kRowPad = 64;
