@@ -70,8 +70,8 @@ Status CudaBackend::init() {
   PD_CUDA_TRY(cudaEventCreate(&graph_end_));
   PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&experts_read_), sizeof(unsigned long long)));
   PD_CUDA_TRY(cudaMemset(experts_read_, 0, sizeof(unsigned long long)));
-  PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&router_ticket_), sizeof(int)));
-  PD_CUDA_TRY(cudaMemset(router_ticket_, 0, sizeof(int)));
+  PD_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&router_ticket_), 2 * sizeof(int)));
+  PD_CUDA_TRY(cudaMemset(router_ticket_, 0, 2 * sizeof(int)));
   PD_CUDA_TRY(cudaDeviceSynchronize());
   const char* env = std::getenv("PD_CUDA_GRAPHS");
   graphs_enabled_ = env == nullptr || std::string(env) != "0";

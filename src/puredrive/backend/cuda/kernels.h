@@ -248,8 +248,9 @@ struct MoeLaunch {
   bool accumulate = false;  // out = out + block output
   int rows = 0;
   void* scratch = nullptr;  // moe_scratch_bytes
-  // Router blocks finished: zero between launches (the last block resets it). Not in the scratch, which the
-  // wide path lays out differently.
+  // Two counters, zero between launches, not in the scratch (which the wide path lays out differently):
+  // [0] the router blocks finished (the last resets it), or the blocks arrived at moe_stream.cu's grid
+  // barrier; [1] that barrier's generation.
   int* router_ticket = nullptr;
   // When set, the number of distinct experts each decode chunk reads is added to it (bytes accounting).
   unsigned long long* experts_read = nullptr;

@@ -1,6 +1,7 @@
 // The sparse MoE block (backend.h MoeArgs; spec §6) per chunk of up to kMaxRows rows, with no host
 // synchronisation:
-// 1. the router and shared-expert gate products (one launch), whose last block to finish routes the chunk:
+// 1. the router and shared-expert gate products (one launch), whose last block to finish routes the chunk
+//    (moe_route.cuh):
 //    fp32 softmax, top-k by (probability desc, id asc), renormalised in selection order, sorted by expert id;
 //    the list of experts any row selected, ascending;
 // 2. up: grid over (used expert, output rows) plus the shared expert: act = silu(x Wg^T) * (x Wu^T) for the
@@ -9,11 +10,12 @@
 // 4. combine per (row, column): ((0 + w_1 y_1) + w_2 y_2 ...) over the selected experts in ascending id, then
 //    + sigmoid(x . w_sg) * y_shared, as the CPU backend sums.
 // Each expert's weights are read once per chunk for all rows that use it; a row's result depends only on
-// that row. bf16 experts of the widths moe_stream_supported takes run steps 2-4 in moe_stream.cu instead
-// (weights streamed through shared memory, tensor cores), after this file's router. Wider steps run
-// moe_grouped.cu (tensor cores) or moe_wide.cu (tiled reference path), which share this file's route and
-// combine kernels (launch_moe_route_rows, launch_moe_combine).
+// that row. bf16 blocks of the widths moe_stream_supported takes run all four steps in moe_stream.cu instead
+// (weights streamed through shared memory, tensor cores; the router fused into the gate/up kernel). Wider
+// steps run moe_grouped.cu (tensor cores) or moe_wide.cu (tiled reference path), which share this file's
+// route and combine kernels (launch_moe_route_rows, launch_moe_combine).
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/moe_route.cuh"
 #include "puredrive/backend/cuda/moe_stream.h"
 #include "puredrive/backend/cuda/scratch_carver.h"
 
@@ -51,97 +53,9 @@ MoeScratch carve(void* base, int E, int K, int H, int I, int Is, int64_t* total)
   return s;
 }
 
-// Routes one row with one warp (spec §6): fp32 softmax over the E <= 32 EPL logits, top-k by (probability
-// desc, id asc), weights renormalised in selection order when norm, written to sel/wts sorted by expert id
-// (the order in which the combine sums). Lane l holds experts l + 32 j in registers; every reduction is
-// lane-strided in j order then an xor butterfly, so the result depends only on the row.
-template <int EPL>
-__device__ void route_row_regs(const float* logits, int E, int K, bool norm, int* sel, float* wts) {
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  float p[EPL];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < EPL; ++j) {
-    const int e = lane + 32 * j;
-    p[j] = e < E ? logits[e] : -INFINITY;
-    mx = fmaxf(mx, p[j]);
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  float sum = 0.0f;
-#pragma unroll
-  for (int j = 0; j < EPL; ++j) {
-    if (lane + 32 * j < E) {
-      p[j] = expf(p[j] - mx);
-      sum = sum + p[j];
-    }
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum = sum + __shfl_xor_sync(0xffffffffu, sum, off);
-#pragma unroll
-  for (int j = 0; j < EPL; ++j) p[j] = lane + 32 * j < E ? p[j] / sum : -1.0f;
-  // Round i's winner is kept by lane i.
-  int my_id = E;
-  float my_p = 0.0f;
-  for (int i = 0; i < K; ++i) {
-    float bv = -1.0f;
-    int bj = 0;
-#pragma unroll
-    for (int j = 0; j < EPL; ++j) {
-      if (p[j] > bv) {  // ascending j: the lowest id wins a tie within the lane
-        bv = p[j];
-        bj = j;
-      }
-    }
-    int bi = bv >= 0.0f ? lane + 32 * bj : E;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float v2 = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int i2 = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (v2 > bv || (v2 == bv && i2 < bi)) {
-        bv = v2;
-        bi = i2;
-      }
-    }
-    if ((bi & 31) == lane) {
-#pragma unroll
-      for (int j = 0; j < EPL; ++j) {
-        if (j == (bi >> 5)) p[j] = -1.0f;
-      }
-    }
-    if (lane == i) {
-      my_id = bi;
-      my_p = bv;
-    }
-  }
-  float top = 0.0f;  // in selection order
-  for (int i = 0; i < K; ++i) top += __shfl_sync(0xffffffffu, my_p, i);
-  // Lane i < K writes its expert at its rank by id.
-  int rank = 0;
-  for (int i = 0; i < K; ++i) rank += __shfl_sync(0xffffffffu, my_id, i) < my_id ? 1 : 0;
-  if (lane < K) {
-    sel[rank] = my_id;
-    wts[rank] = norm ? my_p / top : my_p;
-  }
-}
-
-// Routes row `logits` with the calling warp (E <= 1024).
-__device__ __forceinline__ void route_row(const float* logits, int E, int K, bool norm, int* sel,
-                                          float* wts) {
-  if (E <= 256) {
-    route_row_regs<8>(logits, E, K, norm, sel, wts);
-  } else if (E <= 512) {
-    route_row_regs<16>(logits, E, K, norm, sel, wts);
-  } else {
-    route_row_regs<32>(logits, E, K, norm, sel, wts);
-  }
-}
-
 // The router and shared-expert gate products of a chunk (output n < E: router row n, n == E: the gate, when
 // with_gate), one warp per output as gemv; the last block to finish then routes every row (warp r routes
-// row r) and writes the ascending list of used experts (a popcount scan over a bitmask of the selections).
-constexpr int kMaxExpertWords = 32;  // experts <= 1024
-
+// row r) and writes the ascending list of used experts.
 template <int FMT, int BITS, int NR>
 __global__ void __launch_bounds__(kBlock)
     moe_router_kernel(MoeLaunch m, const float* x, int64_t xs, int rows, bool with_gate, MoeScratch s) {
@@ -152,32 +66,12 @@ __global__ void __launch_bounds__(kBlock)
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (kBlock / 32);
   const int64_t total = E + with_gate;
-  const float* xr[NR];
-#pragma unroll
-  for (int r = 0; r < NR; ++r) xr[r] = x + r * xs;
-  const uint32_t mask = (1u << rows) - 1u;
   pdl_launch_dependents();
   const int64_t first = static_cast<int64_t>(blockIdx.x) * (kBlock / 32) + warp;
   if (first < E) prefetch_row_l2(m.router, m.router.data, first, lane);
   pdl_wait();
   for (int64_t n = first; n < total; n += stride) {
-    const DevMatrix& w = n < E ? m.router : m.shared_gate;
-    const int64_t local = n < E ? n : 0;
-    float acc[NR] = {};
-    dot_rows<FMT, BITS, true, NR>(w, w.data, w.scales, w.biases, local, xr, mask, lane, acc);
-    warp_sum_rows<NR>(acc, rows);
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < NR; ++r) {
-        if (r < rows) {
-          if (n < E) {
-            s.logits[r * E + n] = acc[r];
-          } else {
-            s.sg[r] = acc[r];
-          }
-        }
-      }
-    }
+    router_output<FMT, BITS, true, NR>(m, n, x, xs, rows, lane, s.logits, s.sg);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -187,36 +81,13 @@ __global__ void __launch_bounds__(kBlock)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (threadIdx.x < kMaxExpertWords) bits[threadIdx.x] = 0;
   if (warp < rows)
     route_row(s.logits + static_cast<int64_t>(warp) * E, E, K, m.norm_topk, s.sel + warp * K,
               s.wts + warp * K);
-  __syncthreads();
-  for (int t = static_cast<int>(threadIdx.x); t < rows * K; t += kBlock) {
-    const int e = s.sel[t];
-    atomicOr(&bits[e >> 5], 1u << (e & 31));
-  }
-  __syncthreads();
-  if (warp == 0) {
-    const int c = __popc(bits[lane]);
-    int incl = c;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += y;
-    }
-    before[lane] = incl - c;
-    if (lane == 31) {
-      *s.count = incl;
-      *m.router_ticket = 0;
-      if (m.experts_read != nullptr) atomicAdd(m.experts_read, static_cast<unsigned long long>(incl));
-    }
-  }
-  __syncthreads();
-  // Expert e's place in the ascending list: the used experts in the words before, then the bits below it.
-  for (int e = static_cast<int>(threadIdx.x); e < E; e += kBlock) {
-    const uint32_t word = bits[e >> 5], bit = 1u << (e & 31);
-    if (word & bit) s.used[before[e >> 5] + __popc(word & (bit - 1u))] = e;
+  list_used_experts(s.sel, rows * K, E, kBlock, bits, before, s.used, s.count, [] { __syncthreads(); });
+  if (threadIdx.x == 0) {
+    *m.router_ticket = 0;
+    if (m.experts_read != nullptr) atomicAdd(m.experts_read, static_cast<unsigned long long>(*s.count));
   }
 }
 
@@ -489,23 +360,15 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
     const int n = m.rows - r0 < kMaxRows ? m.rows - r0 : kMaxRows;
     const float* x = m.x + r0 * m.x_stride;
     mark(0);
-    // Router (+ shared gate when it has the router's format) and route in one launch.
-    if (!m.router_gate_fused) launch_gemv(m.shared_gate, x, m.x_stride, s.sg, 1, n, false, stream);
-    const dim3 router_grid(grid_for(m.experts + (m.router_gate_fused ? 1 : 0), kBlock / 32));
-    with_format(m.router.fmt, m.router.bits, [&](auto f) {
-      with_rows_class(n, [&](auto nr) {
-        launch_pdl(moe_router_kernel<decltype(f)::kFmt, decltype(f)::kBits, decltype(nr)::value>, router_grid,
-                   dim3(kBlock), 0, stream, m, x, m.x_stride, n, m.router_gate_fused, s);
-      });
-    });
-    mark(1);
-    if (moe_stream_supported(m)) {
+    if (moe_stream_supported(m)) {  // the gate/up kernel routes the chunk itself
+      mark(1);
       MoeLaunch chunk = m;
       chunk.out = m.out + r0 * m.out_stride;
       const MoeStreamArgs a{.m = chunk,
                             .x = x,
                             .xs = m.x_stride,
                             .rows = n,
+                            .logits = s.logits,
                             .sel = s.sel,
                             .wts = s.wts,
                             .used = s.used,
@@ -519,6 +382,16 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
       mark(3);
       continue;
     }
+    // Router (+ shared gate when it has the router's format) and route in one launch.
+    if (!m.router_gate_fused) launch_gemv(m.shared_gate, x, m.x_stride, s.sg, 1, n, false, stream);
+    const dim3 router_grid(grid_for(m.experts + (m.router_gate_fused ? 1 : 0), kBlock / 32));
+    with_format(m.router.fmt, m.router.bits, [&](auto f) {
+      with_rows_class(n, [&](auto nr) {
+        launch_pdl(moe_router_kernel<decltype(f)::kFmt, decltype(f)::kBits, decltype(nr)::value>, router_grid,
+                   dim3(kBlock), 0, stream, m, x, m.x_stride, n, m.router_gate_fused, s);
+      });
+    });
+    mark(1);
     const int umax = n * m.top_k < m.experts ? n * m.top_k : m.experts;
     // The routed experts and, when it shares their format, the shared expert (block umax) in one launch.
     const unsigned up_rows = grid_for(up_width, kBlock / 32);

@@ -1,5 +1,5 @@
 // The experts of a decode MoE block (1..kMaxRows rows) on the weight stream of stream_ring.cuh, for bf16
-// experts: the gate/up kernel and the down + combine kernel that moe.cu launches after its router.
+// experts: the router + gate/up kernel and the down + combine kernel.
 //
 // Why: the CUDA-core expert kernels reach 1.6-2.5 TB/s; an expert's 2-4 MB are too few bytes for warps
 // that wait on their own loads, and a verify step's rows cost them per-row work. Here each SM's producer
@@ -9,6 +9,12 @@
 // gets both sums of an output. Tiles are numbered shared expert first, then the used experts in ascending
 // id; block b takes tiles b, b + G, ...; the shared expert's tiles are streamed before the route is known.
 // act = silu(gate) * up is written for the rows that selected the expert.
+//
+// The route comes from the same kernel, while the producer streams the shared expert: the consumer warps
+// compute the router and shared-gate outputs (moe_route.cuh, one warp per output, spread over the blocks),
+// the blocks meet at a grid barrier (one block per SM: every block of the grid is resident), and each block
+// then routes every row itself and hands the used experts to its producer. A separate router kernel cost
+// 11 us per layer (ncu, serialised): its latency chain plus a launch, before the experts could start.
 //
 // Down + combine: block b owns the hidden outputs of column tiles b, b + G, ... and streams, per column
 // tile, the shared expert's 16 rows and then each used expert's in ascending id (the shared expert's
@@ -29,6 +35,7 @@
 
 #include <cstdlib>
 
+#include "puredrive/backend/cuda/moe_route.cuh"
 #include "puredrive/backend/cuda/stream_ring.cuh"
 
 namespace pd::cuda {
@@ -46,21 +53,91 @@ struct SlotTable {
   float wt[kMaxSlots][kMaxRows];
 };
 
-__device__ void build_slots(const MoeStreamArgs& a, int count, SlotTable* t) {
+// From the route: sel/wts [rows][top_k], used [count] (global or shared memory).
+__device__ void build_slots(const MoeStreamArgs& a, const int* sel, const float* wts, const int* used,
+                            int count, SlotTable* t) {
   const int K = a.m.top_k;
   for (int i = static_cast<int>(threadIdx.x); i < count * kMaxRows; i += kConsumers * 32) {
     const int u = i / kMaxRows, r = i % kMaxRows;
-    const int e = a.used[u];
+    const int e = used[u];
     int slot = -1;
     if (r < a.rows) {
       for (int k = 0; k < K; ++k) {
-        if (a.sel[r * K + k] == e) slot = k;
+        if (sel[r * K + k] == e) slot = k;
       }
     }
     t->slot[u][r] = static_cast<int8_t>(slot);
-    t->wt[u][r] = slot >= 0 ? a.wts[r * K + slot] : 0.0f;
+    t->wt[u][r] = slot >= 0 ? wts[r * K + slot] : 0.0f;
   }
   consumers_sync();
+}
+
+// A block's copy of the route.
+struct Route {
+  int sel[kMaxRows * kStreamTopK];
+  float wts[kMaxRows * kStreamTopK];
+  int used[kMaxSlots];
+  int count;
+  uint32_t bits[kMaxExpertWords];
+  int before[kMaxExpertWords];
+};
+
+// Every block of the grid (all resident) waits here until all have arrived; called by one thread per block.
+// bar[0] counts arrivals and bar[1] the barriers passed: the last block to arrive resets the count, then
+// advances the generation the others wait on.
+__device__ void grid_barrier(int* bar) {
+  volatile int* gen = bar + 1;
+  const int g0 = *gen;
+  __threadfence();
+  if (atomicAdd(bar, 1) == static_cast<int>(gridDim.x) - 1) {
+    bar[0] = 0;
+    __threadfence();
+    atomicAdd(bar + 1, 1);
+  } else {
+    while (*gen == g0) __nanosleep(64);
+  }
+  __threadfence();
+}
+
+// The consumer warps of every block: router outputs (warp w of block b computes output b + G w), the grid
+// barrier, then the block's own routing of every row into *rt. Block 0 also writes the route for the down
+// kernel.
+template <bool VEC>
+__device__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
+  const MoeLaunch& m = a.m;
+  const int E = m.experts, K = m.top_k;
+  const int64_t n = blockIdx.x + static_cast<int64_t>(gridDim.x) * warp;
+  if (n <= E) {
+    router_output<static_cast<int>(WFmt::kBF16), 0, VEC, kMaxRows>(m, n, a.x, a.xs, a.rows, lane, a.logits,
+                                                                   a.sg);
+  }
+  consumers_sync();
+  if (threadIdx.x == 0) grid_barrier(m.router_ticket);
+  consumers_sync();
+  if (warp < a.rows)
+    route_row(a.logits + static_cast<int64_t>(warp) * E, E, K, m.norm_topk, rt->sel + warp * K,
+              rt->wts + warp * K);
+  list_used_experts(rt->sel, a.rows * K, E, kConsumers * 32, rt->bits, rt->before, rt->used, &rt->count,
+                    [] { consumers_sync(); });
+  if (blockIdx.x == 0) {
+    for (int i = static_cast<int>(threadIdx.x); i < a.rows * K; i += kConsumers * 32) {
+      a.sel[i] = rt->sel[i];
+      a.wts[i] = rt->wts[i];
+    }
+    for (int i = static_cast<int>(threadIdx.x); i < rt->count; i += kConsumers * 32) a.used[i] = rt->used[i];
+    if (threadIdx.x == 0) {
+      *a.count = rt->count;
+      if (m.experts_read != nullptr) atomicAdd(m.experts_read, static_cast<unsigned long long>(rt->count));
+    }
+  }
+}
+
+// The consumers tell the producer that *rt holds the route (named barrier 2: arrive here, sync there).
+__device__ __forceinline__ void route_ready_arrive() {
+  asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
+}
+__device__ __forceinline__ void route_ready_wait() {
+  asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads) : "memory");
 }
 
 __device__ __forceinline__ const uint16_t* expert_data(const DevMatrix& m, int e) {
@@ -85,6 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   using S = Shape<KB>;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ SlotTable table;
+  __shared__ Route route;
   const Ring<S> ring(smem);
   const MoeLaunch& m = a.m;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
@@ -99,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     auto fill = [&](int64_t t) {
       const UpTile tile = up_tile(t, shared_tiles, tiles);
       const bool shared = tile.u < 0;
-      const int e = shared ? 0 : a.used[tile.u];
+      const int e = shared ? 0 : route.used[tile.u];
       const DevMatrix& w = lane < 8 ? (shared ? m.sh_gate : m.gate) : (shared ? m.sh_up : m.up);
       const uint16_t* rows = expert_data(w, e) + static_cast<int64_t>(tile.n0 + (lane & 7)) * S::kCols;
       for (int c = 0; c < S::kChunks; ++c, ++f) {
@@ -109,15 +187,19 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     };
     int64_t t = blockIdx.x;
     for (; t < shared_tiles; t += G) fill(t);  // before the route is known
-    pdl_wait();
-    const int64_t total = shared_tiles + static_cast<int64_t>(*a.count) * tiles;
+    route_ready_wait();
+    const int64_t total = shared_tiles + static_cast<int64_t>(route.count) * tiles;
     for (; t < total; t += G) fill(t);
     return;
   }
 
+  const int64_t router_row = blockIdx.x + G * warp;
+  if (router_row < m.experts) prefetch_row_l2(m.router, m.router.data, router_row, lane);
   pdl_wait();
-  const int count = *a.count;
-  build_slots(a, count, &table);
+  route_chunk<VEC>(a, warp, lane, &route);
+  route_ready_arrive();
+  const int count = route.count;
+  build_slots(a, route.sel, route.wts, route.used, count, &table);
   const int g = lane >> 2, q = lane & 3;
   const bool has_row = g < a.rows;
   const float* xr = a.x + (has_row ? g : 0) * a.xs;
@@ -205,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   pdl_wait();
   const int count = *a.count;
-  build_slots(a, count, &table);
+  build_slots(a, a.sel, a.wts, a.used, count, &table);
   const int g = lane >> 2, q = lane & 3;
   const int col = column_bytes<S>(warp, q);
   const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
@@ -277,11 +359,12 @@ bool moe_stream_supported(const MoeLaunch& m) {
     return v == nullptr || v[0] != '0';
   }();
   const int64_t H = m.hidden, I = m.inter;
-  return enabled && !m.shared_format_differs && m.top_k <= kStreamTopK && m.shared_inter == I &&
-         (H == 512 || H == 1024 || H == 2048 || H == 4096) && I == 512 && bf16_aligned(m.gate) &&
-         bf16_aligned(m.up) && bf16_aligned(m.down) && bf16_aligned(m.sh_gate) && bf16_aligned(m.sh_up) &&
-         bf16_aligned(m.sh_down) && m.gate.cols == H && m.up.cols == H && m.sh_gate.cols == H &&
-         m.sh_up.cols == H && m.down.cols == I && m.sh_down.cols == I;
+  return enabled && m.router_gate_fused && m.router.fmt == WFmt::kBF16 && !m.shared_format_differs &&
+         m.top_k <= kStreamTopK && m.shared_inter == I && (H == 512 || H == 1024 || H == 2048 || H == 4096) &&
+         I == 512 && bf16_aligned(m.gate) && bf16_aligned(m.up) && bf16_aligned(m.down) &&
+         bf16_aligned(m.sh_gate) && bf16_aligned(m.sh_up) && bf16_aligned(m.sh_down) && m.gate.cols == H &&
+         m.up.cols == H && m.sh_gate.cols == H && m.sh_up.cols == H && m.down.cols == I &&
+         m.sh_down.cols == I;
 }
 
 void launch_moe_stream_up(const MoeStreamArgs& a, cudaStream_t stream) {

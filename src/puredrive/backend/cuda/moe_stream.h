@@ -1,5 +1,5 @@
-// The experts of a decode MoE block streamed through shared memory (moe_stream.cu): bf16 experts, after
-// moe.cu's router has written the route.
+// The experts of a decode MoE block streamed through shared memory (moe_stream.cu): bf16 router and experts;
+// the gate/up kernel computes the router and the route itself.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,22 +13,25 @@ struct MoeStreamArgs {
   const float* x = nullptr;
   int64_t xs = 0;
   int rows = 0;  // <= kMaxRows
-  // The route (moe.cu's scratch): sel/wts [rows][top_k] ascending id, the used experts ascending and their
-  // count, the shared-expert gate logits [rows].
-  const int* sel = nullptr;
-  const float* wts = nullptr;
-  const int* used = nullptr;
-  const int* count = nullptr;
-  const float* sg = nullptr;
+  // The route, written by the gate/up kernel's router and read by the down kernel (moe.cu's scratch): router
+  // logits [rows][experts], sel/wts [rows][top_k] ascending id, the used experts ascending and their count,
+  // the shared-expert gate logits [rows].
+  float* logits = nullptr;
+  int* sel = nullptr;
+  float* wts = nullptr;
+  int* used = nullptr;
+  int* count = nullptr;
+  float* sg = nullptr;
   float* act = nullptr;   // [kMaxRows][top_k][inter]
   float* sact = nullptr;  // [kMaxRows][shared_inter]
 };
 
-// Whether the block's experts take this path: bf16 experts, the shared expert of their format and width,
-// hidden size 512-4096 (a power of two), intermediate size 512, top-k <= 16, 16-byte aligned matrices
-// (PD_MOE_STREAM=0 turns it off, for comparisons). Depends on the model only, never on the step's rows.
+// Whether the block takes this path: bf16 router, shared gate and experts, the shared expert of the routed
+// experts' width, hidden size 512-4096 (a power of two), intermediate size 512, top-k <= 16, 16-byte
+// aligned matrices (PD_MOE_STREAM=0 turns it off, for comparisons). Depends on the model only, never on the
+// step's rows.
 bool moe_stream_supported(const MoeLaunch& m);
-// act/sact = silu(x Wg^T) * (x Wu^T) for every (row, selected expert) and the shared expert.
+// The route, then act/sact = silu(x Wg^T) * (x Wu^T) for every (row, selected expert) and the shared expert.
 void launch_moe_stream_up(const MoeStreamArgs& a, cudaStream_t stream);
 // out (=|+=) the combine of the experts' down products (moe.cu's order).
 void launch_moe_stream_down(const MoeStreamArgs& a, cudaStream_t stream);
