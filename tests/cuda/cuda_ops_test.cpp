@@ -100,8 +100,11 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
           ASSERT_TRUE(cpu_->matmul({.w = wc, .x = xc.tensor(), .out = oc.tensor(), .accum = acc}).is_ok());
           ASSERT_TRUE(gpu_->matmul({.w = wg, .x = xg.tensor(), .out = og.tensor(), .accum = acc}).is_ok());
           const std::vector<float> got = download<float>(*gpu_, og.tensor());
-          // bf16 weights of a width divisible by 64 run on the tensor cores at every R (gemv_mma.cu).
-          const bool mma = f.format == WeightFormat::kBF16 && K % 64 == 0;
+          // bf16 weights of a width divisible by 64 run on the tensor cores at every R (gemv_mma.cu), and
+          // so do affine 8-bit ones of the streamed widths (gemv_stream.cu) up to kMaxRows rows.
+          const bool streamed_affine = f.format == WeightFormat::kAffine && f.bits == 8 &&
+                                       (K == 512 || K == 1024 || K == 2048 || K == 4096);
+          const bool mma = (f.format == WeightFormat::kBF16 && K % 64 == 0) || streamed_affine;
           const double tol = R <= cuda::kMaxRows && !mma ? 1e-5 : cudatest::kMmaTolerance;
           EXPECT_LE(rel_err(got, download<float>(*cpu_, oc.tensor())), tol) << "R=" << R;
           const std::vector<float> ref =
@@ -121,38 +124,45 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
   }
 }
 
-// bf16 products of the widths the streamed kernel takes (gemv_stream.cu), with enough weight rows that
-// every SM streams several tiles and its ring of stages wraps around: against a double-precision product,
-// every row of an 8-row call equal to its one-row call, and a stacked launch (matmuls, the last matrix
-// ending inside a tile) bitwise equal to one launch per matrix.
+// Products of the formats and widths the streamed kernels take (gemv_stream.cu: bf16 and affine 8-bit with
+// each group size and scale dtype), with enough weight rows that every SM streams several tiles and its ring
+// of stages wraps around: against a double-precision product of the weights, every row of an 8-row call
+// equal to its one-row call, and a stacked launch (matmuls, the last matrix ending inside a tile) bitwise
+// equal to one launch per matrix.
 TEST_F(CudaOps, StreamedProductsRowExact) {
-  for (const int64_t K : {int64_t{512}, int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
-    SCOPED_TRACE(fmt::format("K={}", K));
-    const int64_t N = 16 * 132 * 8 + 7;
-    auto w = test::make_matrix(rng_, N, K, WeightFormat::kBF16, 0, 0, 0.5f);
-    auto w2 = test::make_matrix(rng_, 45, K, WeightFormat::kBF16, 0, 0, 0.5f);
-    const MatrixId wg = gpu_->bind_matrix(w->m).value(), wg2 = gpu_->bind_matrix(w2->m).value();
-    const int R = cuda::kMaxRows;
-    const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
-    Buffer xg = device_tensor(*gpu_, DType::kF32, R, K, x);
-    Buffer og = device_tensor(*gpu_, DType::kF32, R, N, std::vector<float>{});
-    ASSERT_TRUE(gpu_->matmul({.w = wg, .x = xg.tensor(), .out = og.tensor()}).is_ok());
-    const std::vector<float> got = download<float>(*gpu_, og.tensor());
-    EXPECT_LE(rel_err(got, double_product(x, w->reference, R, N, K)), cudatest::kMmaTolerance);
-    for (int r = 0; r < R; ++r) {
-      Buffer x1 = device_tensor(*gpu_, DType::kF32, 1, K, rows_of(x, K, r, 1));
-      Buffer o1 = device_tensor(*gpu_, DType::kF32, 1, N, std::vector<float>{});
-      ASSERT_TRUE(gpu_->matmul({.w = wg, .x = x1.tensor(), .out = o1.tensor()}).is_ok());
-      EXPECT_TRUE(same_bits(download<float>(*gpu_, o1.tensor()), rows_of(got, N, r, 1))) << "row " << r;
+  const FormatCase formats[] = {{WeightFormat::kBF16},
+                                {WeightFormat::kAffine, 8, 64, DType::kBF16},
+                                {WeightFormat::kAffine, 8, 32, DType::kF16},
+                                {WeightFormat::kAffine, 8, 128, DType::kF32}};
+  for (const FormatCase& fc : formats) {
+    for (const int64_t K : {int64_t{512}, int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
+      SCOPED_TRACE(fmt::format("{} K={}", describe(fc), K));
+      const int64_t N = 16 * 132 * 8 + 7;
+      auto w = test::make_matrix(rng_, N, K, fc.format, fc.bits, fc.group, 0.5f, fc.scale_dtype);
+      auto w2 = test::make_matrix(rng_, 45, K, fc.format, fc.bits, fc.group, 0.5f, fc.scale_dtype);
+      const MatrixId wg = gpu_->bind_matrix(w->m).value(), wg2 = gpu_->bind_matrix(w2->m).value();
+      const int R = cuda::kMaxRows;
+      const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
+      Buffer xg = device_tensor(*gpu_, DType::kF32, R, K, x);
+      Buffer og = device_tensor(*gpu_, DType::kF32, R, N, std::vector<float>{});
+      ASSERT_TRUE(gpu_->matmul({.w = wg, .x = xg.tensor(), .out = og.tensor()}).is_ok());
+      const std::vector<float> got = download<float>(*gpu_, og.tensor());
+      EXPECT_LE(rel_err(got, double_product(x, w->reference, R, N, K)), cudatest::kMmaTolerance);
+      for (int r = 0; r < R; ++r) {
+        Buffer x1 = device_tensor(*gpu_, DType::kF32, 1, K, rows_of(x, K, r, 1));
+        Buffer o1 = device_tensor(*gpu_, DType::kF32, 1, N, std::vector<float>{});
+        ASSERT_TRUE(gpu_->matmul({.w = wg, .x = x1.tensor(), .out = o1.tensor()}).is_ok());
+        EXPECT_TRUE(same_bits(download<float>(*gpu_, o1.tensor()), rows_of(got, N, r, 1))) << "row " << r;
+      }
+      Buffer f1 = device_tensor(*gpu_, DType::kF32, R, N, std::vector<float>{});
+      Buffer f2 = device_tensor(*gpu_, DType::kF32, R, 45, std::vector<float>{});
+      Buffer s2 = device_tensor(*gpu_, DType::kF32, R, 45, std::vector<float>{});
+      ASSERT_TRUE(gpu_->matmul({.w = wg2, .x = xg.tensor(), .out = s2.tensor()}).is_ok());
+      const std::vector<MatmulTarget> targets = {{wg, f1.tensor()}, {wg2, f2.tensor()}};
+      ASSERT_TRUE(gpu_->matmuls({.x = xg.tensor(), .targets = targets}).is_ok());
+      EXPECT_TRUE(same_bits(download<float>(*gpu_, f1.tensor()), got));
+      EXPECT_TRUE(same_bits(download<float>(*gpu_, f2.tensor()), download<float>(*gpu_, s2.tensor())));
     }
-    Buffer f1 = device_tensor(*gpu_, DType::kF32, R, N, std::vector<float>{});
-    Buffer f2 = device_tensor(*gpu_, DType::kF32, R, 45, std::vector<float>{});
-    Buffer s2 = device_tensor(*gpu_, DType::kF32, R, 45, std::vector<float>{});
-    ASSERT_TRUE(gpu_->matmul({.w = wg2, .x = xg.tensor(), .out = s2.tensor()}).is_ok());
-    const std::vector<MatmulTarget> targets = {{wg, f1.tensor()}, {wg2, f2.tensor()}};
-    ASSERT_TRUE(gpu_->matmuls({.x = xg.tensor(), .targets = targets}).is_ok());
-    EXPECT_TRUE(same_bits(download<float>(*gpu_, f1.tensor()), got));
-    EXPECT_TRUE(same_bits(download<float>(*gpu_, f2.tensor()), download<float>(*gpu_, s2.tensor())));
   }
 }
 

@@ -175,7 +175,9 @@ void launch_slices(const MmaTargets& t, const float* x, int64_t xs, int rows, cu
 
 void launch_targets(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   bool stream_all = true;
-  for (int i = 0; i < t.count; ++i) stream_all = stream_all && gemv_stream_supported(t.m[i]);
+  for (int i = 0; i < t.count; ++i) {
+    stream_all = stream_all && gemv_stream_supported(t.m[i]) && gemv_stream_compatible(t.m[0], t.m[i]);
+  }
   if (stream_all) {
     launch_gemv_stream(t, x, xs, rows, stream);
     return;
@@ -222,8 +224,18 @@ bool mma_products_enabled() {
 }  // namespace
 
 bool gemv_mma_supported(const DevMatrix& m) {
+  if (m.fmt == WFmt::kAffine) return mma_products_enabled() && gemv_stream_supported(m);
   return mma_products_enabled() && m.fmt == WFmt::kBF16 && m.cols >= kStep && m.cols % kStep == 0 &&
          m.rows > 0;
+}
+
+bool gemv_multi_mma_supported(const GemvMulti& g) {
+  for (int i = 0; i < g.count; ++i) {
+    if (!gemv_mma_supported(g.m[i])) return false;
+    // Affine matrices have no fallback in launch_targets: they stream together or not at all.
+    if (g.m[0].fmt == WFmt::kAffine && !gemv_stream_compatible(g.m[0], g.m[i])) return false;
+  }
+  return true;
 }
 
 void launch_gemv_mma(const DevMatrix& w, const float* x, int64_t xs, float* out, int64_t os, int rows,

@@ -19,19 +19,24 @@ struct MmaTargets {
   int accumulate = 0;
 };
 
-// Whether launch_gemv routes m to the tensor-core kernel: bf16 weights whose width is a multiple of 64
-// (PD_GEMV_MMA=0 turns it off, for comparing the two kernels). The choice depends on the matrix only, never
-// on the step's rows, so verify rows stay bitwise equal to one-row steps.
+// Whether launch_gemv routes m to the tensor-core kernels: bf16 weights whose width is a multiple of 64, or
+// affine weights the streamed kernel takes (PD_GEMV_MMA=0 turns it off, for comparing with the CUDA-core
+// kernels). The choice depends on the matrix only, never on the step's rows, so verify rows stay bitwise
+// equal to one-row steps.
 bool gemv_mma_supported(const DevMatrix& m);
+// The same for every matrix of a stacked launch.
+bool gemv_multi_mma_supported(const GemvMulti& g);
 // rows <= kMaxRows; the arguments as launch_gemv and launch_gemv_multi take them.
 void launch_gemv_mma(const DevMatrix& w, const float* x, int64_t x_stride, float* out, int64_t out_stride,
                      int rows, bool accumulate, cudaStream_t stream);
 void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t x_stride, int rows,
                            cudaStream_t stream);
 
-// The streamed variant (gemv_stream.cu): whether it takes matrices of m's shape (bf16, width 512, 1024,
-// 2048 or 4096, 16-byte aligned rows; PD_GEMV_STREAM=0 turns it off), and its launch.
+// The streamed variant (gemv_stream.cu): whether it takes m (bf16 or affine 8-bit with groups of 32-128,
+// width 512, 1024, 2048 or 4096, 16-byte aligned rows; PD_GEMV_STREAM=0 turns it off, PD_AFFINE_STREAM=0
+// only for affine matrices), whether two matrices can share a launch, and the launch.
 bool gemv_stream_supported(const DevMatrix& m);
+bool gemv_stream_compatible(const DevMatrix& a, const DevMatrix& b);
 void launch_gemv_stream(const MmaTargets& t, const float* x, int64_t x_stride, int rows, cudaStream_t stream);
 
 }  // namespace pd::cuda

@@ -423,7 +423,7 @@ void launch_gemv(const DevMatrix& w, const float* x, int64_t xs, float* out, int
 }
 
 void launch_gemv_multi(const GemvMulti& g, const float* x, int64_t xs, int rows, cudaStream_t stream) {
-  if (gemv_mma_supported(g.m[0])) {
+  if (gemv_multi_mma_supported(g)) {
     launch_gemv_multi_mma(g, x, xs, rows, stream);
     return;
   }

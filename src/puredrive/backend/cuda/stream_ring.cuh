@@ -19,8 +19,8 @@ constexpr int kTile = kTileN;                    // weight rows per tile (the mm
 constexpr int kConsumers = 16;                   // consumer warps
 constexpr int kThreads = (kConsumers + 1) * 32;  // and one producer warp (the last)
 constexpr int kRowPad = 64;
-// Stages in flight per block (one block per SM): about 200 KB for 16 rows of 1024 columns. (Rings of 64 or
-// 96 KB measured 5% slower decode steps on the H200; 140 KB no different.)
+// Stages in flight per block (one block per SM) for bf16 rows: about 200 KB for 16 rows of 1024 columns.
+// (Rings of 64 or 96 KB measured 5% slower decode steps on the H200; 140 KB no different.)
 constexpr int kStages = 6;
 
 // K = 512 * KB columns, streamed in chunks of at most 1024 columns.
@@ -34,6 +34,8 @@ struct Shape {
   static constexpr int kRowBytes = kChunk * 2 + kRowPad;
   static constexpr int kStageBytes = kTile * kRowBytes;
   static constexpr int kCopyBytes = kChunk * 2;  // per row
+  static constexpr int kFillBytes = kTile * kCopyBytes;
+  static constexpr int kStages = stream::kStages;
   // The ring, the warps' partials (two buffers) and the barriers.
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kConsumers * 32 * 16 + 2 * kStages * 8;
 };
@@ -75,7 +77,7 @@ __device__ __forceinline__ void consumers_sync() {
 }
 
 // The block's shared memory: the ring of stages, the warps' partials, a full and an empty barrier per stage.
-// Fill f (the f-th stage the producer fills) goes to stage f % kStages.
+// Fill f (the f-th stage the producer fills) goes to stage f % S::kStages.
 template <typename S>
 struct Ring {
   uint8_t* stages;
@@ -85,31 +87,35 @@ struct Ring {
 
   __device__ explicit Ring(uint8_t* smem)
       : stages(smem),
-        part(reinterpret_cast<float4*>(smem + kStages * S::kStageBytes)),
+        part(reinterpret_cast<float4*>(smem + S::kStages * S::kStageBytes)),
         full(reinterpret_cast<uint64_t*>(part + 2 * kConsumers * 32)),
-        empty(full + kStages) {}
+        empty(full + S::kStages) {}
 
   // Thread 0, then a block barrier.
   __device__ void init() const {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < S::kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __device__ static int slot(int f) { return f % kStages; }
-  __device__ static uint32_t phase(int f) { return static_cast<uint32_t>((f / kStages) & 1); }
+  __device__ static int slot(int f) { return f % S::kStages; }
+  __device__ static uint32_t phase(int f) { return static_cast<uint32_t>((f / S::kStages) & 1); }
   __device__ uint8_t* stage(int f) const { return stages + slot(f) * S::kStageBytes; }
 
-  // Producer warp: waits until fill f's stage is free and announces its 16 row copies (lane 0).
-  __device__ void begin_fill(int f, int lane) const {
-    if (f >= kStages) mbar_wait(&empty[slot(f)], phase(f) ^ 1u);
-    if (lane == 0) mbar_expect(&full[slot(f)], kTile * S::kCopyBytes);
+  // Producer warp: waits until fill f's stage is free and announces the bytes of its copies (lane 0).
+  __device__ void begin_fill(int f, int lane, uint32_t bytes = S::kFillBytes) const {
+    if (f >= S::kStages) mbar_wait(&empty[slot(f)], phase(f) ^ 1u);
+    if (lane == 0) mbar_expect(&full[slot(f)], bytes);
     __syncwarp();
   }
   // Producer lane `row` (< 16): copies kChunk columns from src into the stage's row.
   __device__ void copy_row(int f, int row, const void* src) const {
-    bulk_copy(stage(f) + row * S::kRowBytes, src, S::kCopyBytes, &full[slot(f)]);
+    copy(f, row * S::kRowBytes, src, S::kCopyBytes);
+  }
+  // Producer lane: `bytes` (a multiple of 16) from src to byte `offset` of fill f's stage.
+  __device__ void copy(int f, int offset, const void* src, uint32_t bytes) const {
+    bulk_copy(stage(f) + offset, src, bytes, &full[slot(f)]);
   }
   __device__ void wait_full(int f) const { mbar_wait(&full[slot(f)], phase(f)); }
   // Consumer warp: done reading fill f.
