@@ -382,6 +382,7 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
     int experts, top_k;
     int64_t hidden, inter;
     FormatCase g, u, dn;
+    FormatCase router = {WeightFormat::kBF16};  // and the shared-expert gate
   };
   const std::vector<Case> cases = {
       {8, 2, 64, 32, {WeightFormat::kF32}, {WeightFormat::kF32}, {WeightFormat::kF32}},
@@ -393,12 +394,29 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
        {WeightFormat::kAffine, 4, 32},
        {WeightFormat::kAffine, 8, 32}},
       {64, 8, 256, 128, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
-      // The real model's widths: decode steps stream the experts (moe_stream.cu).
-      {64, 8, 2048, 512, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}}};
+      // The real model's widths: decode steps stream the experts (moe_stream.cu), bf16 or affine 8-bit.
+      {64, 8, 2048, 512, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
+      {64,
+       8,
+       2048,
+       512,
+       {WeightFormat::kAffine, 8, 64},
+       {WeightFormat::kAffine, 8, 64},
+       {WeightFormat::kAffine, 8, 64},
+       {WeightFormat::kAffine, 8, 64}},
+      {32,
+       4,
+       1024,
+       512,
+       {WeightFormat::kAffine, 8, 32, DType::kF16},
+       {WeightFormat::kAffine, 8, 32, DType::kF16},
+       {WeightFormat::kAffine, 8, 32, DType::kF16},
+       {WeightFormat::kAffine, 8, 32, DType::kF16}}};
   for (const Case& c : cases) {
     if (cudatest::small() && &c != &cases.front()) break;
     SCOPED_TRACE(fmt::format("E={} k={} {}", c.experts, c.top_k, describe(c.g)));
-    MoeFixture f = make_moe(rng_, c.experts, c.hidden, c.inter, c.g, c.u, c.dn);
+    MoeFixture f = make_moe(rng_, c.experts, c.hidden, c.inter, c.g, c.u, c.dn, 0, {WeightFormat::kBF16},
+                            false, c.router);
     const MoeSpec spec{.num_experts_per_tok = c.top_k, .norm_topk_prob = true};
     const MoeId mc = cpu_->bind_moe(f.w, spec).value(), mg = gpu_->bind_moe(f.w, spec).value();
     for (int R : cudatest::small() ? std::vector<int>{1, 8, 11} : std::vector<int>{1, 2, 5, 8, 11, 70}) {

@@ -113,7 +113,8 @@ struct MoeFixture {
 
 inline MoeFixture make_moe(std::mt19937& rng, int experts, int64_t hidden, int64_t inter, FormatCase gate_f,
                            FormatCase up_f, FormatCase down_f, int64_t shared_inter = 0,
-                           FormatCase shared_f = {WeightFormat::kBF16}, bool shared_own_format = false) {
+                           FormatCase shared_f = {WeightFormat::kBF16}, bool shared_own_format = false,
+                           FormatCase router_f = {WeightFormat::kBF16}) {
   MoeFixture f;
   f.hidden = hidden;
   auto mk = [&](int64_t rows, int64_t cols, const FormatCase& fc, float scale) {
@@ -123,8 +124,8 @@ inline MoeFixture make_moe(std::mt19937& rng, int experts, int64_t hidden, int64
   };
   const float s = 1.0f / std::sqrt(static_cast<float>(hidden));
   const int64_t si = shared_inter > 0 ? shared_inter : inter;
-  f.w.gate = mk(experts, hidden, {WeightFormat::kBF16}, 1.0f);
-  f.w.shared_expert_gate = mk(1, hidden, {WeightFormat::kBF16}, s);
+  f.w.gate = mk(experts, hidden, router_f, 1.0f);
+  f.w.shared_expert_gate = mk(1, hidden, router_f, s);
   f.w.shared_gate_proj = mk(si, hidden, shared_own_format ? shared_f : gate_f, s);
   f.w.shared_up_proj = mk(si, hidden, shared_own_format ? shared_f : up_f, s);
   f.w.shared_down_proj = mk(hidden, si, shared_own_format ? shared_f : down_f, s);

@@ -30,7 +30,7 @@
 #include <cstdlib>
 
 #include "puredrive/backend/cuda/gemv_mma.h"
-#include "puredrive/backend/cuda/stream_ring.cuh"
+#include "puredrive/backend/cuda/stream_affine.cuh"
 
 namespace pd::cuda {
 namespace {
@@ -101,70 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// ---- Affine 8-bit ----
-
-// A stage is one tile of whole rows: 16 rows of codes (rows 16 bytes apart modulo 128, so that the warp's
-// 32-bit code loads, rows g and columns 4 q, hit 32 banks), then the 16 rows' scales and their biases as
-// two blocks, each one bulk copy (the checkpoint stores a tile's scales contiguously). Three copies of a few
-// hundred bytes per row instead of one of kilobytes ran the 8-bit decode slower than the CUDA-core kernels.
-template <int KB>
-struct AffineShape {
-  static constexpr int kCols = 512 * KB;
-  static constexpr int kSlice = kCols / kConsumers;  // columns per consumer warp: 32 - 256
-  static constexpr int kSteps = kSlice / 16;         // mma steps per warp and tile
-  static constexpr int kRowBytes = kCols + 16;
-  static constexpr int kMetaBytes = kTile * (kCols / 32) * 2;  // room for 2-byte scales of groups >= 32
-  static constexpr int kStageBytes = kTile * kRowBytes + 2 * kMetaBytes;
-  static constexpr int kStages = 200 * 1024 / kStageBytes < 12 ? 200 * 1024 / kStageBytes : 12;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kConsumers * 32 * 16 + 2 * kStages * 8;
-};
-
-// Bytes of one row's scales (or biases).
-__host__ __device__ inline int meta_row_bytes(const DevMatrix& m) {
-  return static_cast<int>(m.cols / m.group_size) * (m.scale_dtype == SDType::kF32 ? 4 : 2);
-}
-
-__device__ __forceinline__ float meta_at(const uint8_t* p, int i, SDType t) {
-  if (t == SDType::kF32) return reinterpret_cast<const float*>(p)[i];
-  const uint16_t h = reinterpret_cast<const uint16_t*>(p)[i];
-  return t == SDType::kBF16 ? bf16_bits(h) : f16_bits(h);
-}
-
-// Codes (bytes) I and I + 1 of w as a bf16 pair of q - 128, exactly: each byte becomes the low mantissa
-// byte of the f32 2^23 + q, minus 2^23 + 128; a small integer's f32 has a zero low half, so its top half is
-// its bf16.
-template <int I>
-__device__ __forceinline__ uint32_t centred_pair(uint32_t w) {
-  constexpr uint32_t kMagic = 0x4B000000u;
-  const float a = __uint_as_float(__byte_perm(w, kMagic, 0x7440 + I)) - 8388736.0f;
-  const float b = __uint_as_float(__byte_perm(w, kMagic, 0x7441 + I)) - 8388736.0f;
-  return __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632);
-}
-
-// Lane (g, q)'s B fragments (hi pair, lo pair per mma step: columns 4 q, 4 q + 1 and 4 q + 2, 4 q + 3 of
-// each 16 of the warp's slice, which starts at c0) and the sum of its columns of row g per step.
-template <typename S, bool VEC>
-__device__ __forceinline__ void load_affine_x(const float* xr, bool has_row, int c0, int q,
-                                              uint32_t (&fr)[S::kSteps][4], float (&part)[S::kSteps]) {
-#pragma unroll
-  for (int j = 0; j < S::kSteps; ++j) {
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (has_row) {
-      const float* p = xr + c0 + 16 * j + 4 * q;
-      if constexpr (VEC) {
-        const float4 a = *reinterpret_cast<const float4*>(p);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-      } else {
-        v[0] = p[0], v[1] = p[1], v[2] = p[2], v[3] = p[3];
-      }
-    }
-    split_pair(v[0], v[1], &fr[j][0], &fr[j][2]);
-    split_pair(v[2], v[3], &fr[j][1], &fr[j][3]);
-    part[j] = (v[0] + v[1]) + (v[2] + v[3]);
-  }
-}
-
-// PPS: group pieces per warp slice (slice / min(group size, slice)).
+// Affine 8-bit matrices (stream_affine.cuh): the same tiles, one stage per tile.
 template <int KB, int PPS, bool VEC>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_affine_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
@@ -174,89 +111,42 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t tiles = t.tile_end[t.count - 1];
   const int64_t tile_begin = blockIdx.x * tiles / gridDim.x, tile_stop = (blockIdx.x + 1) * tiles / gridDim.x;
+  const int count = static_cast<int>(tile_stop - tile_begin);
   // Every matrix of a launch has the group size and scale dtype of the first (gemv_stream_compatible).
-  const DevMatrix& m0 = t.m[0];
-  const int mrb = meta_row_bytes(m0);
-  constexpr int kScales = kTile * S::kRowBytes, kBiases = kScales + S::kMetaBytes;
+  const AffineMeta meta(t.m[0]);
   if (threadIdx.x == 0) ring.init();
   __syncthreads();
   pdl_launch_dependents();
 
   if (warp == kConsumers) {
     int i = 0;
-    for (int f = 0; f < static_cast<int>(tile_stop - tile_begin); ++f) {
+    for (int f = 0; f < count; ++f) {
       const int64_t n0 = tile_rows(t, tile_begin + f, &i);
       const DevMatrix& m = t.m[i];
-      const int64_t valid = m.rows - n0 < kTile ? m.rows - n0 : kTile;  // rows past the end repeat the last
-      const uint32_t meta = static_cast<uint32_t>(valid * mrb);
-      ring.begin_fill(f, lane, kTile * S::kCols + 2 * meta);
+      const int valid = static_cast<int>(m.rows - n0 < kTile ? m.rows - n0 : kTile);  // rows past the end
+      ring.begin_fill(f, lane, kTile * S::kCols + 2 * valid * meta.row_bytes);        // repeat the last
       if (lane < kTile) {
         const int64_t n = lane < valid ? n0 + lane : m.rows - 1;
         ring.copy(f, lane * S::kRowBytes, static_cast<const uint8_t*>(m.data) + n * S::kCols, S::kCols);
-      } else if (lane == kTile) {
-        ring.copy(f, kScales, static_cast<const uint8_t*>(m.scales) + n0 * mrb, meta);
-      } else if (lane == kTile + 1) {
-        ring.copy(f, kBiases, static_cast<const uint8_t*>(m.biases) + n0 * mrb, meta);
       }
+      copy_meta(ring, f, lane, kTile, m.scales, m.biases, meta.row_bytes, n0, 0, valid);
     }
     return;
   }
 
   pdl_wait();
   const int g = lane >> 2, q = lane & 3;
-  const bool has_row = g < rows;
-  const float* xr = x + (has_row ? g : 0) * xs;
-  // A group piece: the columns of the warp's slice in one group.
-  constexpr int kPieceSteps = S::kSteps / PPS;
-  uint32_t frag[S::kSteps][4];
-  float xsum[PPS][2];  // rows 2 q and 2 q + 1
+  AffineX<S, PPS> ax;
   {
-    float part[S::kSteps];
-    load_affine_x<S, VEC>(xr, has_row, warp * S::kSlice, q, frag, part);
-#pragma unroll
-    for (int p = 0; p < PPS; ++p) {
-      float sum = part[p * kPieceSteps];
-#pragma unroll
-      for (int j = 1; j < kPieceSteps; ++j) sum += part[p * kPieceSteps + j];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // the row's four lanes: the same bits in each
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      xsum[p][0] = __shfl_sync(0xffffffffu, sum, 8 * q);
-      xsum[p][1] = __shfl_sync(0xffffffffu, sum, 8 * q + 4);
-    }
+    float v[S::kSteps][4];
+    AffineX<S, PPS>::template load_raw<VEC>(g < rows ? x + g * xs + warp * S::kSlice : nullptr, q, v);
+    ax.make(v, q);
   }
-  const int col = warp * S::kSlice + 4 * q;  // byte offset of the lane's codes in a staged row
-  const SDType sd = m0.scale_dtype;
   int buf = 0, i = 0;
-  for (int f = 0; f < static_cast<int>(tile_stop - tile_begin); ++f) {
+  for (int f = 0; f < count; ++f) {
     float acc[4] = {};
     ring.wait_full(f);
-    const uint8_t* st = ring.stage(f);
-    const uint8_t* rg = st + g * S::kRowBytes;
-    const uint8_t* r8 = st + (g + 8) * S::kRowBytes;
-    float ga[4] = {};
-#pragma unroll
-    for (int j = 0; j < S::kSteps; ++j) {
-      const uint32_t wg = *reinterpret_cast<const uint32_t*>(rg + col + 16 * j);
-      const uint32_t w8 = *reinterpret_cast<const uint32_t*>(r8 + col + 16 * j);
-      const uint32_t a[4] = {centred_pair<0>(wg), centred_pair<0>(w8), centred_pair<2>(wg),
-                             centred_pair<2>(w8)};
-      mma_bf16(ga, a, frag[j][0], frag[j][1]);
-      mma_bf16(ga, a, frag[j][2], frag[j][3]);
-      if ((j + 1) % kPieceSteps == 0) {  // the piece's group: scale and bias of rows g and g + 8
-        const int p = j / kPieceSteps;
-        const int gi = (warp * S::kSlice + p * kPieceSteps * 16) / m0.group_size;
-        const uint8_t* sc = st + kScales + gi * (sd == SDType::kF32 ? 4 : 2);
-        const float sg = meta_at(sc + g * mrb, 0, sd), s8 = meta_at(sc + (g + 8) * mrb, 0, sd);
-        const float bg = meta_at(sc + S::kMetaBytes + g * mrb, 0, sd) + 128.0f * sg;
-        const float b8 = meta_at(sc + S::kMetaBytes + (g + 8) * mrb, 0, sd) + 128.0f * s8;
-        acc[0] = acc[0] + (sg * ga[0] + bg * xsum[p][0]);
-        acc[1] = acc[1] + (sg * ga[1] + bg * xsum[p][1]);
-        acc[2] = acc[2] + (s8 * ga[2] + b8 * xsum[p][0]);
-        acc[3] = acc[3] + (s8 * ga[3] + b8 * xsum[p][1]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ga[e] = 0.0f;
-      }
-    }
+    affine_product(ring.stage(f), warp, lane, meta, ax, acc);
     ring.release(f, lane);
     publish(ring.part, buf, warp, lane, acc);
     const int64_t n0 = tile_rows(t, tile_begin + f, &i);
@@ -281,25 +171,14 @@ void launch_stream_kernel(const MmaTargets& t, const float* x, int64_t xs, int r
   launch_pdl(Kernel, dim3(grid), dim3(kThreads), S::kSmemBytes, stream, t, x, xs, rows);
 }
 
-// The affine kernel of `pps` group pieces per warp slice (PPS, 2 PPS, ... up to groups of 32 columns).
-template <int KB, int PPS, bool VEC>
-void launch_affine(int pps, const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
-  using S = AffineShape<KB>;
-  if constexpr (PPS * 32 < S::kSlice) {
-    if (pps != PPS) {
-      launch_affine<KB, 2 * PPS, VEC>(pps, t, x, xs, rows, stream);
-      return;
-    }
-  }
-  launch_stream_kernel<S, gemv_stream_affine_kernel<KB, PPS, VEC>>(t, x, xs, rows, stream);
-}
-
 template <int KB, bool VEC>
 void launch_shape(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   if (t.m[0].fmt == WFmt::kAffine) {
-    constexpr int kSlice = AffineShape<KB>::kSlice;
-    const int gs = t.m[0].group_size;
-    launch_affine<KB, 1, VEC>(kSlice / (gs < kSlice ? gs : kSlice), t, x, xs, rows, stream);
+    using S = AffineShape<KB>;
+    with_pieces<S>(t.m[0].group_size, [&](auto pps) {
+      launch_stream_kernel<S, gemv_stream_affine_kernel<KB, decltype(pps)::value, VEC>>(t, x, xs, rows,
+                                                                                        stream);
+    });
     return;
   }
   launch_stream_kernel<Shape<KB>, gemv_stream_kernel<KB, VEC>>(t, x, xs, rows, stream);
@@ -342,12 +221,7 @@ bool gemv_stream_supported(const DevMatrix& m) {
     return false;
   }
   if (m.fmt == WFmt::kBF16) return true;
-  if (m.fmt != WFmt::kAffine || !affine || m.bits != 8) return false;
-  // The scales of a tile fit the stage's room; copies of them are 16-byte aligned.
-  const int mrb = meta_row_bytes(m);
-  return (m.group_size == 32 || m.group_size == 64 || m.group_size == 128) &&
-         mrb * kTile <= AffineShape<1>::kMetaBytes * static_cast<int>(k / 512) && mrb % 16 == 0 &&
-         aligned16(m.scales) && aligned16(m.biases);
+  return affine && affine_stream_layout(m);
 }
 
 bool gemv_stream_compatible(const DevMatrix& a, const DevMatrix& b) {

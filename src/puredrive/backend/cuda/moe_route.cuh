@@ -124,7 +124,7 @@ constexpr int kMaxExpertWords = 32;  // experts <= 1024
 
 // The ascending list of the experts in sel [n] (n = rows x top_k): used[i] and *count, by a popcount scan
 // over a bitmask. Called by every thread of a group of `threads` (>= 32, a multiple of 32) that sync with
-// sync(); bits and before: kMaxExpertWords each, shared.
+// sync(); bits and before: kMaxExpertWords each, shared. Every thread of the group may read the list after.
 template <typename Sync>
 __device__ __forceinline__ void list_used_experts(const int* sel, int n, int E, int threads, uint32_t* bits,
                                                   int* before, int* used, int* count, Sync sync) {
@@ -153,6 +153,7 @@ __device__ __forceinline__ void list_used_experts(const int* sel, int n, int E, 
     const uint32_t word = bits[e >> 5], bit = 1u << (e & 31);
     if (word & bit) used[before[e >> 5] + __popc(word & (bit - 1u))] = e;
   }
+  sync();  // the list is complete for every thread of the group
 }
 
 }  // namespace pd::cuda

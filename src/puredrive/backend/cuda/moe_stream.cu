@@ -36,7 +36,7 @@
 #include <cstdlib>
 
 #include "puredrive/backend/cuda/moe_route.cuh"
-#include "puredrive/backend/cuda/stream_ring.cuh"
+#include "puredrive/backend/cuda/stream_affine.cuh"
 
 namespace pd::cuda {
 namespace {
@@ -101,15 +101,23 @@ __device__ void grid_barrier(int* bar) {
 
 // The consumer warps of every block: router outputs (warp w of block b computes output b + G w), the grid
 // barrier, then the block's own routing of every row into *rt. Block 0 also writes the route for the down
-// kernel.
-template <bool VEC>
-__device__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
+// kernel. RF: the router's format, bf16 or affine 8-bit (the experts'); its activation loads are scalar, so
+// the kernel needs no variant for unaligned rows.
+template <int RF>
+__device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
   const MoeLaunch& m = a.m;
   const int E = m.experts, K = m.top_k;
   const int64_t n = blockIdx.x + static_cast<int64_t>(gridDim.x) * warp;
   if (n <= E) {
-    router_output<static_cast<int>(WFmt::kBF16), 0, VEC, kMaxRows>(m, n, a.x, a.xs, a.rows, lane, a.logits,
-                                                                   a.sg);
+    constexpr int kBits = RF == static_cast<int>(WFmt::kAffine) ? 8 : 0;
+    // Accumulators for the rows there are (a row's sum does not depend on how many: dot_rows).
+    if (a.rows == 1) {
+      router_output<RF, kBits, false, 1>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
+    } else if (a.rows <= 4) {
+      router_output<RF, kBits, false, 4>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
+    } else {
+      router_output<RF, kBits, false, kMaxRows>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
+    }
   }
   consumers_sync();
   if (threadIdx.x == 0) grid_barrier(m.router_ticket);
@@ -132,6 +140,13 @@ __device__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* r
   }
 }
 
+// The affine router's products need more registers than the experts' loop: out of line, so that their
+// spills stay in the router (measured: spills in every affine gate/up kernel when inline).
+template <int RF>
+__device__ __noinline__ void route_chunk_out_of_line(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
+  route_chunk<RF>(a, warp, lane, rt);
+}
+
 // The consumers tell the producer that *rt holds the route (named barrier 2: arrive here, sync there).
 __device__ __forceinline__ void route_ready_arrive() {
   asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
@@ -140,9 +155,111 @@ __device__ __forceinline__ void route_ready_wait() {
   asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads) : "memory");
 }
 
-__device__ __forceinline__ const uint16_t* expert_data(const DevMatrix& m, int e) {
-  return reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(m.data) +
-                                           static_cast<int64_t>(e) * m.data_stride);
+__device__ __forceinline__ const uint8_t* expert_bytes(const void* base, int64_t stride, int e) {
+  return static_cast<const uint8_t*>(base) + static_cast<int64_t>(e) * stride;
+}
+
+// Half a tile: 8 consecutive rows from n0 of expert e of matrix m (rows 0-7 or 8-15 of the tile).
+struct Half {
+  const DevMatrix* m;
+  int e;
+  int64_t n0;
+};
+
+// How a kernel's tiles are copied and multiplied, per weight format. Raw: a lane's activations of one row
+// as loaded; X: what the products take (load_raw + make); fill: the producer's copies of one tile; consume:
+// acc += the tile x X.
+template <int KB>
+struct Bf16Tiles {
+  using S = Shape<KB>;
+  static constexpr int kRouterFmt = static_cast<int>(WFmt::kBF16);
+  using Raw = float[S::kChunks][S::kBlocks32][8];
+  struct X {
+    uint32_t frag[S::kChunks][S::kBlocks32][8];
+  };
+  __device__ explicit Bf16Tiles(const DevMatrix&) {}
+
+  __device__ static void load_raw(const float* row, bool vec, int warp, int q, Raw& v) {
+#pragma unroll
+    for (int c = 0; c < S::kChunks; ++c) {
+#pragma unroll
+      for (int h = 0; h < S::kBlocks32; ++h) {
+        const float* p = row + c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q;
+        if (row == nullptr) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[c][h][i] = 0.0f;
+        } else if (vec) {
+          load_x8<true>(p, v[c][h]);
+        } else {
+          load_x8<false>(p, v[c][h]);
+        }
+      }
+    }
+  }
+  __device__ static void make(const Raw& v, int, X& x) {
+#pragma unroll
+    for (int c = 0; c < S::kChunks; ++c) {
+#pragma unroll
+      for (int h = 0; h < S::kBlocks32; ++h) split_fragment(v[c][h], x.frag[c][h]);
+    }
+  }
+  __device__ void fill(const Ring<S>& ring, int* f, int lane, const Half& h0, const Half& h1) const {
+    const Half& h = lane < 8 ? h0 : h1;
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(expert_bytes(h.m->data, h.m->data_stride, h.e)) +
+                          (h.n0 + (lane & 7)) * S::kCols;
+    for (int c = 0; c < S::kChunks; ++c, ++*f) {
+      ring.begin_fill(*f, lane);
+      if (lane < kTile) ring.copy_row(*f, lane, row + c * S::kChunk);
+    }
+  }
+  __device__ void consume(const Ring<S>& ring, int* f, int warp, int lane, const X& x, float acc[4]) const {
+    consume_tile(ring, f, column_bytes<S>(warp, lane & 3), lane >> 2, lane, x.frag, acc);
+  }
+};
+
+// Affine 8-bit (stream_affine.cuh): one stage per tile, each half's scales and biases one copy each.
+template <int KB, int PPS>
+struct AffineTiles {
+  using S = AffineShape<KB>;
+  static constexpr int kRouterFmt = static_cast<int>(WFmt::kAffine);  // 8-bit
+  using Raw = float[S::kSteps][4];
+  using X = AffineX<S, PPS>;
+  AffineMeta meta;
+  __device__ explicit AffineTiles(const DevMatrix& m) : meta(m) {}
+
+  __device__ static void load_raw(const float* row, bool vec, int warp, int q, Raw& v) {
+    const float* p = row == nullptr ? nullptr : row + warp * S::kSlice;
+    if (vec) {
+      X::template load_raw<true>(p, q, v);
+    } else {
+      X::template load_raw<false>(p, q, v);
+    }
+  }
+  __device__ static void make(const Raw& v, int q, X& x) { x.make(v, q); }
+  __device__ void fill(const Ring<S>& ring, int* f, int lane, const Half& h0, const Half& h1) const {
+    ring.begin_fill(*f, lane, kTile * S::kCols + 4 * 8 * meta.row_bytes);
+    const Half& h = lane < 8 ? h0 : h1;
+    if (lane < kTile) {
+      ring.copy(*f, lane * S::kRowBytes,
+                expert_bytes(h.m->data, h.m->data_stride, h.e) + (h.n0 + (lane & 7)) * S::kCols, S::kCols);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const Half& hm = i == 0 ? h0 : h1;
+      copy_meta(ring, *f, lane, kTile + 2 * i, expert_bytes(hm.m->scales, hm.m->scale_stride, hm.e),
+                expert_bytes(hm.m->biases, hm.m->scale_stride, hm.e), meta.row_bytes, hm.n0, 8 * i, 8);
+    }
+    ++*f;
+  }
+  __device__ void consume(const Ring<S>& ring, int* f, int warp, int lane, const X& x, float acc[4]) const {
+    ring.wait_full(*f);
+    affine_product(ring.stage(*f), warp, lane, meta, x, acc);
+    ring.release(*f, lane);
+    ++*f;
+  }
+};
+
+__device__ __forceinline__ bool aligned_rows(const float* x, int64_t xs) {
+  return reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
 }
 
 // Gate/up tiles: t < shared_tiles is the shared expert's tile t, else used expert (t - shared_tiles) / tiles
@@ -157,14 +274,15 @@ __device__ __forceinline__ UpTile up_tile(int64_t t, int shared_tiles, int tiles
   return {static_cast<int>(rt / tiles), static_cast<int>(rt % tiles) * 8};
 }
 
-template <int KB, bool VEC>
+template <typename W>
 __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
-  using S = Shape<KB>;
+  using S = typename W::S;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ SlotTable table;
   __shared__ Route route;
   const Ring<S> ring(smem);
   const MoeLaunch& m = a.m;
+  const W tiles_of(m.gate);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int shared_tiles = m.shared_inter / 8, tiles = m.inter / 8;
   const int64_t G = gridDim.x;
@@ -178,12 +296,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
       const UpTile tile = up_tile(t, shared_tiles, tiles);
       const bool shared = tile.u < 0;
       const int e = shared ? 0 : route.used[tile.u];
-      const DevMatrix& w = lane < 8 ? (shared ? m.sh_gate : m.gate) : (shared ? m.sh_up : m.up);
-      const uint16_t* rows = expert_data(w, e) + static_cast<int64_t>(tile.n0 + (lane & 7)) * S::kCols;
-      for (int c = 0; c < S::kChunks; ++c, ++f) {
-        ring.begin_fill(f, lane);
-        if (lane < kTile) ring.copy_row(f, lane, rows + c * S::kChunk);
-      }
+      tiles_of.fill(ring, &f, lane, Half{shared ? &m.sh_gate : &m.gate, e, tile.n0},
+                    Half{shared ? &m.sh_up : &m.up, e, tile.n0});
     };
     int64_t t = blockIdx.x;
     for (; t < shared_tiles; t += G) fill(t);  // before the route is known
@@ -196,22 +310,27 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   const int64_t router_row = blockIdx.x + G * warp;
   if (router_row < m.experts) prefetch_row_l2(m.router, m.router.data, router_row, lane);
   pdl_wait();
-  route_chunk<VEC>(a, warp, lane, &route);
+  if constexpr (W::kRouterFmt == static_cast<int>(WFmt::kAffine)) {
+    route_chunk_out_of_line<W::kRouterFmt>(a, warp, lane, &route);
+  } else {
+    route_chunk<W::kRouterFmt>(a, warp, lane, &route);
+  }
   route_ready_arrive();
   const int count = route.count;
   build_slots(a, route.sel, route.wts, route.used, count, &table);
   const int g = lane >> 2, q = lane & 3;
-  const bool has_row = g < a.rows;
-  const float* xr = a.x + (has_row ? g : 0) * a.xs;
-  uint32_t frag[S::kChunks][S::kBlocks32][8];
-  load_fragments<S, VEC>(xr, has_row, warp, q, frag);
-  const int col = column_bytes<S>(warp, q);
+  typename W::X x;
+  {
+    typename W::Raw v;
+    W::load_raw(g < a.rows ? a.x + g * a.xs : nullptr, aligned_rows(a.x, a.xs), warp, q, v);
+    W::make(v, q, x);
+  }
   const int64_t total = shared_tiles + static_cast<int64_t>(count) * tiles;
   int f = 0;
   int buf = 0;
   for (int64_t t = blockIdx.x; t < total; t += G) {
     float acc[4] = {};
-    consume_tile(ring, &f, col, g, lane, frag, acc);
+    tiles_of.consume(ring, &f, warp, lane, x, acc);
     publish(ring.part, buf, warp, lane, acc);
     if (threadIdx.x < 64) {
       const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
@@ -229,36 +348,27 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   }
 }
 
-using DownShape = Shape<1>;  // intermediate size 512: one chunk, 32 columns per consumer warp
-
-// Lane (g, q)'s activations of expert item j of the down kernel (j = 0: the shared expert, else used
-// expert j - 1): 8 columns of its slice, zero for rows that did not select the expert.
-__device__ __forceinline__ void load_act(const MoeStreamArgs& a, const SlotTable& table, int j, int warp,
-                                         int g, int q, float v[8]) {
-  const float* src = nullptr;
-  if (g < a.rows) {
-    if (j == 0) {
-      src = a.sact + static_cast<int64_t>(g) * a.m.shared_inter;
-    } else if (table.slot[j - 1][g] >= 0) {
-      src = a.act + (static_cast<int64_t>(g) * a.m.top_k + table.slot[j - 1][g]) * a.m.inter;
-    }
-  }
-  if (src != nullptr) {
-    load_x8<true>(src + warp * DownShape::kSlice + 8 * q, v);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-  }
+// The activations of expert item j of the down kernel (j = 0: the shared expert, else used expert j - 1) for
+// row g: null for rows that did not select the expert.
+__device__ __forceinline__ const float* act_row(const MoeStreamArgs& a, const SlotTable& table, int j,
+                                                int g) {
+  if (g >= a.rows) return nullptr;
+  if (j == 0) return a.sact + static_cast<int64_t>(g) * a.m.shared_inter;
+  const int slot = table.slot[j - 1][g];
+  return slot < 0 ? nullptr : a.act + (static_cast<int64_t>(g) * a.m.top_k + slot) * a.m.inter;
 }
 
+// Intermediate size 512: W's shape of KB = 1 (one tile per stage, 32 columns per consumer warp).
+template <typename W>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_down_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
-  using S = DownShape;
-  static_assert(S::kChunks == 1 && S::kBlocks32 == 1, "down products of one 512-column chunk");
+  using S = typename W::S;
+  static_assert(S::kCols == 512, "down products of one 512-column row");
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ SlotTable table;
   const Ring<S> ring(smem);
   const MoeLaunch& m = a.m;
+  const W tiles_of(m.down);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int col_tiles = m.hidden / kTile;
   const int G = static_cast<int>(gridDim.x);
@@ -269,12 +379,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp == kConsumers) {
     int f = 0;
     auto fill = [&](int nt, int j) {
-      const DevMatrix& w = j == 0 ? m.sh_down : m.down;
-      const uint16_t* rows = expert_data(w, j == 0 ? 0 : a.used[j - 1]) +
-                             static_cast<int64_t>(nt * kTile + (lane & 15)) * S::kCols;
-      ring.begin_fill(f, lane);
-      if (lane < kTile) ring.copy_row(f, lane, rows);
-      ++f;
+      const DevMatrix* w = j == 0 ? &m.sh_down : &m.down;
+      const int e = j == 0 ? 0 : a.used[j - 1];
+      tiles_of.fill(ring, &f, lane, Half{w, e, static_cast<int64_t>(nt) * kTile},
+                    Half{w, e, static_cast<int64_t>(nt) * kTile + 8});
     };
     fill(static_cast<int>(blockIdx.x), 0);  // the shared expert's rows, before the route is known
     pdl_wait();
@@ -289,22 +397,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int count = *a.count;
   build_slots(a, a.sel, a.wts, a.used, count, &table);
   const int g = lane >> 2, q = lane & 3;
-  const int col = column_bytes<S>(warp, q);
   const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
   const bool owner = threadIdx.x < kTile * 8;  // of output (column tile row off, step row r)
-  float v[8];
+  typename W::Raw v;
   int f = 0, buf = 0;
   for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G) {
     float acc = 0.0f, ys = 0.0f;
-    load_act(a, table, 0, warp, g, q, v);
-    for (int j = 0; j <= count; ++j, ++f) {
-      uint32_t frag[1][8];
-      split_fragment(v, frag[0]);
-      if (j < count) load_act(a, table, j + 1, warp, g, q, v);  // in flight during this expert
+    W::load_raw(act_row(a, table, 0, g), true, warp, q, v);
+    for (int j = 0; j <= count; ++j) {
+      typename W::X x;
+      W::make(v, q, x);
+      if (j < count) W::load_raw(act_row(a, table, j + 1, g), true, warp, q, v);  // in flight during this one
       float part[4] = {};
-      ring.wait_full(f);
-      mma_chunk<S>(part, ring.stage(f) + col, g, frag);
-      ring.release(f, lane);
+      tiles_of.consume(ring, &f, warp, lane, x, part);
       publish(ring.part, buf, warp, lane, part);
       if (owner) {
         const float y = tile_output(ring.part, buf, off, r);
@@ -324,31 +429,48 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-int kb_of(int64_t cols) {
-  return static_cast<int>(cols / 512);
+template <typename W>
+void launch_kernel(void (*kernel)(MoeStreamArgs), const MoeStreamArgs& a, int blocks, cudaStream_t stream) {
+  launch_pdl(kernel, dim3(blocks), dim3(kThreads), W::S::kSmemBytes, stream, a);
+}
+
+template <typename W>
+void launch_up(const MoeStreamArgs& a, cudaStream_t stream) {
+  static const int sms = prepare_kernel<typename W::S>(moe_up_stream_kernel<W>);
+  launch_kernel<W>(moe_up_stream_kernel<W>, a, sms, stream);
+}
+
+template <typename W>
+void launch_down(const MoeStreamArgs& a, cudaStream_t stream) {
+  static const int sms = prepare_kernel<typename W::S>(moe_down_stream_kernel<W>);
+  const int col_tiles = a.m.hidden / kTile;
+  launch_kernel<W>(moe_down_stream_kernel<W>, a, col_tiles < sms ? col_tiles : sms, stream);
 }
 
 template <int KB>
 void launch_up_kb(const MoeStreamArgs& a, cudaStream_t stream) {
-  constexpr int kSmem = Shape<KB>::kSmemBytes;
-  if (reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.xs % 4 == 0) {
-    static const int sms = prepare_kernel<Shape<KB>>(moe_up_stream_kernel<KB, true>);
-    launch_pdl(moe_up_stream_kernel<KB, true>, dim3(sms), dim3(kThreads), kSmem, stream, a);
-  } else {
-    static const int sms = prepare_kernel<Shape<KB>>(moe_up_stream_kernel<KB, false>);
-    launch_pdl(moe_up_stream_kernel<KB, false>, dim3(sms), dim3(kThreads), kSmem, stream, a);
+  if (a.m.gate.fmt == WFmt::kBF16) {
+    launch_up<Bf16Tiles<KB>>(a, stream);
+    return;
   }
+  with_pieces<AffineShape<KB>>(
+      a.m.gate.group_size, [&](auto pps) { launch_up<AffineTiles<KB, decltype(pps)::value>>(a, stream); });
 }
 
-void launch_down(const MoeStreamArgs& a, cudaStream_t stream) {
-  static const int sms = prepare_kernel<DownShape>(moe_down_stream_kernel);
-  const int col_tiles = a.m.hidden / kTile;
-  launch_pdl(moe_down_stream_kernel, dim3(col_tiles < sms ? col_tiles : sms), dim3(kThreads),
-             DownShape::kSmemBytes, stream, a);
-}
-
-bool bf16_aligned(const DevMatrix& m) {
-  return m.fmt == WFmt::kBF16 && reinterpret_cast<uintptr_t>(m.data) % 16 == 0 && m.data_stride % 16 == 0;
+// Every expert matrix in one format the stream takes (bf16, or affine 8-bit of one group size and scale
+// dtype with stream_affine.cuh's layout), 16-byte aligned experts.
+bool stream_format(const MoeLaunch& m) {
+  const DevMatrix* all[] = {&m.gate, &m.up, &m.down, &m.sh_gate, &m.sh_up, &m.sh_down};
+  for (const DevMatrix* w : all) {
+    const bool same = w->fmt == m.gate.fmt &&
+                      (w->fmt != WFmt::kAffine ||
+                       (w->group_size == m.gate.group_size && w->scale_dtype == m.gate.scale_dtype));
+    const bool format = w->fmt == WFmt::kBF16 || affine_stream_layout(*w);
+    const bool aligned = reinterpret_cast<uintptr_t>(w->data) % 16 == 0 && w->data_stride % 16 == 0 &&
+                         (w->fmt != WFmt::kAffine || w->scale_stride % 16 == 0);
+    if (!same || !format || !aligned) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -359,16 +481,16 @@ bool moe_stream_supported(const MoeLaunch& m) {
     return v == nullptr || v[0] != '0';
   }();
   const int64_t H = m.hidden, I = m.inter;
-  return enabled && m.router_gate_fused && m.router.fmt == WFmt::kBF16 && !m.shared_format_differs &&
-         m.top_k <= kStreamTopK && m.shared_inter == I && (H == 512 || H == 1024 || H == 2048 || H == 4096) &&
-         I == 512 && bf16_aligned(m.gate) && bf16_aligned(m.up) && bf16_aligned(m.down) &&
-         bf16_aligned(m.sh_gate) && bf16_aligned(m.sh_up) && bf16_aligned(m.sh_down) && m.gate.cols == H &&
-         m.up.cols == H && m.sh_gate.cols == H && m.sh_up.cols == H && m.down.cols == I &&
-         m.sh_down.cols == I;
+  // The router in the experts' format (the kernels' RF): bf16, or affine 8-bit of any group size.
+  const bool router = m.router.fmt == m.gate.fmt && (m.router.fmt != WFmt::kAffine || m.router.bits == 8);
+  return enabled && m.router_gate_fused && router && !m.shared_format_differs && m.top_k <= kStreamTopK &&
+         m.shared_inter == I && (H == 512 || H == 1024 || H == 2048 || H == 4096) && I == 512 &&
+         stream_format(m) && m.gate.cols == H && m.up.cols == H && m.sh_gate.cols == H && m.sh_up.cols == H &&
+         m.down.cols == I && m.sh_down.cols == I;
 }
 
 void launch_moe_stream_up(const MoeStreamArgs& a, cudaStream_t stream) {
-  switch (kb_of(a.m.hidden)) {
+  switch (a.m.hidden / 512) {
     case 1:
       launch_up_kb<1>(a, stream);
       return;
@@ -385,7 +507,11 @@ void launch_moe_stream_up(const MoeStreamArgs& a, cudaStream_t stream) {
 }
 
 void launch_moe_stream_down(const MoeStreamArgs& a, cudaStream_t stream) {
-  launch_down(a, stream);
+  if (a.m.down.fmt == WFmt::kBF16) {
+    launch_down<Bf16Tiles<1>>(a, stream);
+  } else {
+    launch_down<AffineTiles<1, 1>>(a, stream);
+  }
 }
 
 }  // namespace pd::cuda
