@@ -1,5 +1,5 @@
-// Matrix-vector products of bf16 weights for decode and verify steps (1..kMaxRows rows), streamed through
-// shared memory by the bulk copy engine.
+// Matrix-vector products of bf16 and affine 8-bit weights for decode and verify steps (1..kMaxRows rows),
+// streamed through shared memory by the bulk copy engine.
 //
 // Why: gemv_mma.cu keeps the weights in flight with register loads, a few per lane, and each warp waits for
 // its loads before it issues the next ones. The decode step's matrices are small (17-50 MB): such a kernel
@@ -16,16 +16,12 @@
 // kernel. Per tile, each warp's 16 x 8 partial goes to shared memory and the 16 partials of an output are
 // summed in warp order.
 //
-// Affine 8-bit matrices (MLX, groups of 32-128 columns) take the same stream, their codes, scales and biases
-// copied per row; per group the product is y = s * sum((q - 128) x) + (b + 128 s) * sum(x). The centred
-// codes are exact in bf16, so they enter the mma as the A operand (the activations hi + lo as for bf16), and
-// the two terms do not cancel the way s * sum(q x) and b * sum(x) would. Each group's sum(x) is taken once
-// per kernel, in f32. Lane (g, q) holds, for mma step j of its warp's slice, columns 16 j + 4 q .. + 3 of
-// weight rows g and g + 8 (a 32-bit word of codes each) and of activation row g, so a step stays inside a
-// group.
+// Affine 8-bit matrices (MLX, groups of 32-128 columns) take the same stream, one stage per tile of whole
+// rows, their codes multiplied as stored by the integer tensor cores (stream_affine.cuh).
 //
-// Row-exact: an output depends only on its weight row and its activation row (mma_bf16); the order of its
-// sum (chunks, the warp's columns, then the warps in order) is fixed by the matrix width. Unused rows are
+// Row-exact: an output depends only on its weight row and its activation row (mma_bf16; for affine weights
+// also the activation row's fixed-point scale, which depends on that row alone); the order of its sum
+// (chunks, the warp's columns, then the warps in order) is fixed by the matrix width. Unused rows are
 // zero columns of B; rows past a matrix's end repeat its last row and are not stored.
 #include <cstdlib>
 
@@ -138,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, q = lane & 3;
   AffineX<S, PPS> ax;
   {
-    float v[S::kSteps][4];
+    float v[S::kBlocks][8];
     AffineX<S, PPS>::template load_raw<VEC>(g < rows ? x + g * xs + warp * S::kSlice : nullptr, q, v);
     ax.make(v, q);
   }

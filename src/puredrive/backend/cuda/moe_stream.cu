@@ -1,5 +1,6 @@
-// The experts of a decode MoE block (1..kMaxRows rows) on the weight stream of stream_ring.cuh, for bf16
-// experts: the router + gate/up kernel and the down + combine kernel.
+// The experts of a decode MoE block (1..kMaxRows rows) on the weight stream of stream_ring.cuh, for bf16 or
+// affine 8-bit experts (Bf16Tiles, AffineTiles: how a tile is copied and multiplied): the router + gate/up
+// kernel and the down + combine kernel.
 //
 // Why: the CUDA-core expert kernels reach 1.6-2.5 TB/s; an expert's 2-4 MB are too few bytes for warps
 // that wait on their own loads, and a verify step's rows cost them per-row work. Here each SM's producer
@@ -222,7 +223,7 @@ template <int KB, int PPS>
 struct AffineTiles {
   using S = AffineShape<KB>;
   static constexpr int kRouterFmt = static_cast<int>(WFmt::kAffine);  // 8-bit
-  using Raw = float[S::kSteps][4];
+  using Raw = float[S::kBlocks][8];
   using X = AffineX<S, PPS>;
   AffineMeta meta;
   __device__ explicit AffineTiles(const DevMatrix& m) : meta(m) {}

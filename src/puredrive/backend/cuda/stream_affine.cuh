@@ -1,17 +1,24 @@
 // Affine 8-bit weights on the weight stream (stream_ring.cuh), shared by gemv_stream.cu and moe_stream.cu.
 //
-// Per group of columns the product is y = s * sum((q - 128) x) + (b + 128 s) * sum(x). The centred codes
-// are exact in bf16, so they enter the mma as the A operand (the activations hi + lo, as for bf16 weights),
-// and the two terms do not cancel the way s * sum(q x) and b * sum(x) would. Each group's sum(x) is taken
-// once per activation row, in f32. Lane (g, q) holds, for mma step j of its warp's slice, columns
-// 16 j + 4 q .. + 3 of weight rows g and g + 8 (a 32-bit word of codes each) and of activation row g, so a
-// step stays inside a group (32, 64 or 128 columns).
+// The codes enter the tensor cores as they are stored: mma m16n8k32 with the codes as the unsigned 8-bit A
+// operand and the activations as B in 8-bit pieces of a 24-bit fixed-point form. Per warp slice and
+// activation row, x_int = round(x * 2^sh) with sh fixed by the largest |x| of that slice and row (22 bits
+// below it), split x_int = p2 * 2^16 + p1 * 2^8 + p0 (p0, p1 unsigned, p2 signed); three integer products
+// per 32 columns give sum(q * x_int) exactly. Per group piece, sum((q - 128) x_int) is formed exactly in
+// 64 bits, converted to f32 once and scaled by 2^-sh (exact), and y = s * sum((q - 128) x) +
+// (b + 128 s) * sum(x): centred, the two terms do not cancel. The bf16 form of the same product (codes
+// converted to bf16 in registers, activations hi + lo) spent most of its issue slots on the conversion: the
+// H200's gate/up kernel took 31.5 us where bf16 weights took 14.4 (ncu, exploratory build).
 //
-// A stage is one tile of whole rows: 16 rows of codes (rows 16 bytes apart modulo 128, so that the warp's
-// 32-bit code loads, rows g and columns 4 q, hit 32 banks), then the 16 rows' scales and their biases as
-// blocks of 8 rows each (one bulk copy each: the checkpoint stores consecutive rows' scales contiguously).
-// Three copies of a few hundred bytes per row instead of one of kilobytes ran the 8-bit decode slower than
-// the CUDA-core kernels (H200).
+// Lane (g, q) holds, for k block j of 32 columns of its warp's slice, columns 32 j + 8 q .. + 7 of weight
+// rows g and g + 8 (8 bytes of codes each: the mma's k slots 4 q .. 4 q + 3 and 16 + 4 q .. + 3) and of
+// activation row g. A group (32, 64 or 128 columns) is whole k blocks or whole slices.
+//
+// A stage is one tile of whole rows: 16 rows of codes (rows 32 bytes apart modulo 128, so that each half
+// warp's 8-byte code loads, rows g and columns 8 q, hit 32 banks), then the 16 rows' scales and their biases
+// as blocks of 8 rows each (one bulk copy each: the checkpoint stores consecutive rows' scales
+// contiguously). Three copies of a few hundred bytes per row instead of one of kilobytes ran the 8-bit
+// decode slower than the CUDA-core kernels (H200).
 #pragma once
 
 #include "puredrive/backend/cuda/stream_ring.cuh"
@@ -22,8 +29,8 @@ template <int KB>
 struct AffineShape {
   static constexpr int kCols = 512 * KB;
   static constexpr int kSlice = kCols / kConsumers;  // columns per consumer warp: 32 - 256
-  static constexpr int kSteps = kSlice / 16;         // mma steps per warp and tile
-  static constexpr int kRowBytes = kCols + 16;
+  static constexpr int kBlocks = kSlice / 32;        // k blocks (mma steps) per warp and tile
+  static constexpr int kRowBytes = kCols + 32;
   static constexpr int kMetaBytes = kTile * (kCols / 32) * 2;  // room for 2-byte scales of groups >= 32
   static constexpr int kScales = kTile * kRowBytes;            // stage offsets of the scales and biases
   static constexpr int kBiases = kScales + kMetaBytes;
@@ -52,17 +59,6 @@ __device__ __forceinline__ float meta_at(const uint8_t* p, SDType t) {
   return t == SDType::kBF16 ? bf16_bits(h) : f16_bits(h);
 }
 
-// Codes (bytes) I and I + 1 of w as a bf16 pair of q - 128, exactly: each byte becomes the low mantissa
-// byte of the f32 2^23 + q, minus 2^23 + 128; a small integer's f32 has a zero low half, so its top half is
-// its bf16.
-template <int I>
-__device__ __forceinline__ uint32_t centred_pair(uint32_t w) {
-  constexpr uint32_t kMagic = 0x4B000000u;
-  const float a = __uint_as_float(__byte_perm(w, kMagic, 0x7440 + I)) - 8388736.0f;
-  const float b = __uint_as_float(__byte_perm(w, kMagic, 0x7441 + I)) - 8388736.0f;
-  return __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632);
-}
-
 // The group layout of a launch's matrices: group size, scale dtype, bytes of a row's scales.
 struct AffineMeta {
   int group = 64;
@@ -72,87 +68,128 @@ struct AffineMeta {
       : group(m.group_size), dtype(m.scale_dtype), row_bytes(meta_row_bytes(m)) {}
 };
 
+template <bool UB>  // B unsigned (pieces p0, p1) or signed (p2)
+__device__ __forceinline__ void imma(int d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  if constexpr (UB) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
 // Lane (g, q)'s activations of one row for a warp's slice, PPS group pieces per slice (slice / min(group
-// size, slice)): B fragments (hi pair, lo pair per mma step: columns 4 q, 4 q + 1 and 4 q + 2, 4 q + 3 of
-// each 16) and each piece's sum of the row, for rows 2 q and 2 q + 1 (the lane's outputs).
+// size, slice)): the B fragments of the three pieces per k block, and for the lane's outputs (rows 2 q and
+// 2 q + 1) each piece's sum(x_int) and the rows' 2^-sh.
 template <typename S, int PPS>
 struct AffineX {
-  static constexpr int kPieceSteps = S::kSteps / PPS;
-  uint32_t frag[S::kSteps][4];
-  float xsum[PPS][2];
+  static constexpr int kPieceBlocks = S::kBlocks / PPS;
+  uint32_t frag[S::kBlocks][3][2];
+  int xsum[PPS][2];
+  float unscale[2];
 
   // The lane's raw values of row g (p: the row at the warp's slice; zeros when null).
   template <bool VEC>
-  __device__ static void load_raw(const float* p, int q, float (&v)[S::kSteps][4]) {
+  __device__ static void load_raw(const float* p, int q, float (&v)[S::kBlocks][8]) {
 #pragma unroll
-    for (int j = 0; j < S::kSteps; ++j) {
+    for (int j = 0; j < S::kBlocks; ++j) {
       if (p == nullptr) {
-        v[j][0] = v[j][1] = v[j][2] = v[j][3] = 0.0f;
-      } else if constexpr (VEC) {
-        const float4 a = *reinterpret_cast<const float4*>(p + 16 * j + 4 * q);
-        v[j][0] = a.x, v[j][1] = a.y, v[j][2] = a.z, v[j][3] = a.w;
-      } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[j][e] = p[16 * j + 4 * q + e];
+        for (int e = 0; e < 8; ++e) v[j][e] = 0.0f;
+      } else {
+        load_x8<VEC>(p + 32 * j + 8 * q, v[j]);
       }
     }
   }
-  // Fragments and sums from the raw values (the whole warp: the sums are shuffled).
-  __device__ void make(const float (&v)[S::kSteps][4], int q) {
-    float part[S::kSteps];
+  // Fixed-point pieces and sums from the raw values (the whole warp: the scale and sums are shuffled).
+  __device__ void make(const float (&v)[S::kBlocks][8], int q) {
+    float most = 0.0f;
 #pragma unroll
-    for (int j = 0; j < S::kSteps; ++j) {
-      split_pair(v[j][0], v[j][1], &frag[j][0], &frag[j][2]);
-      split_pair(v[j][2], v[j][3], &frag[j][1], &frag[j][3]);
-      part[j] = (v[j][0] + v[j][1]) + (v[j][2] + v[j][3]);
+    for (int j = 0; j < S::kBlocks; ++j) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) most = fmaxf(most, fabsf(v[j][e]));
+    }
+    most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, 1));  // the row's four lanes
+    most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, 2));
+    int e2 = 0;
+    frexpf(most, &e2);                                              // most < 2^e2
+    const int sh = most > 0.0f ? min(max(22 - e2, -100), 100) : 0;  // |x_int| < 2^22
+    int part[S::kBlocks];
+#pragma unroll
+    for (int j = 0; j < S::kBlocks; ++j) {
+      part[j] = 0;
+      uint32_t b[3][2] = {};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int xi = __float2int_rn(ldexpf(v[j][e], sh));
+        part[j] += xi;
+        const int shift = 8 * (e & 3);
+        b[0][e >> 2] |= static_cast<uint32_t>(xi & 0xff) << shift;
+        b[1][e >> 2] |= static_cast<uint32_t>((xi >> 8) & 0xff) << shift;
+        b[2][e >> 2] |= static_cast<uint32_t>((xi >> 16) & 0xff) << shift;
+      }
+#pragma unroll
+      for (int k = 0; k < 3; ++k) frag[j][k][0] = b[k][0], frag[j][k][1] = b[k][1];
     }
 #pragma unroll
     for (int p = 0; p < PPS; ++p) {
-      float sum = part[p * kPieceSteps];
+      int sum = 0;
 #pragma unroll
-      for (int j = 1; j < kPieceSteps; ++j) sum += part[p * kPieceSteps + j];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // the row's four lanes: the same bits in each
+      for (int j = 0; j < kPieceBlocks; ++j) sum += part[p * kPieceBlocks + j];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       xsum[p][0] = __shfl_sync(0xffffffffu, sum, 8 * q);
       xsum[p][1] = __shfl_sync(0xffffffffu, sum, 8 * q + 4);
     }
+    unscale[0] = ldexpf(1.0f, -__shfl_sync(0xffffffffu, sh, 8 * q));
+    unscale[1] = ldexpf(1.0f, -__shfl_sync(0xffffffffu, sh, 8 * q + 4));
   }
 };
 
-// acc += the staged tile x this warp's slice of the activations: per group piece, the mma of the centred
-// codes, then scale and bias of rows g and g + 8.
+// acc += the staged tile x this warp's slice of the activations: per group piece, the exact integer
+// products, then scale and bias of rows g and g + 8.
 template <typename S, int PPS>
 __device__ __forceinline__ void affine_product(const uint8_t* st, int warp, int lane, const AffineMeta& meta,
                                                const AffineX<S, PPS>& x, float acc[4]) {
-  constexpr int kPieceSteps = AffineX<S, PPS>::kPieceSteps;
+  constexpr int kPieceBlocks = AffineX<S, PPS>::kPieceBlocks;
   const int g = lane >> 2, q = lane & 3;
-  const int col = warp * S::kSlice + 4 * q;  // byte offset of the lane's codes in a staged row
+  const int col = warp * S::kSlice + 8 * q;  // byte offset of the lane's codes in a staged row
   const uint8_t* rg = st + g * S::kRowBytes;
   const uint8_t* r8 = st + (g + 8) * S::kRowBytes;
   const int sb = meta.dtype == SDType::kF32 ? 4 : 2;
-  float ga[4] = {};
+  int d[3][4] = {};
 #pragma unroll
-  for (int j = 0; j < S::kSteps; ++j) {
-    const uint32_t wg = *reinterpret_cast<const uint32_t*>(rg + col + 16 * j);
-    const uint32_t w8 = *reinterpret_cast<const uint32_t*>(r8 + col + 16 * j);
-    const uint32_t a[4] = {centred_pair<0>(wg), centred_pair<0>(w8), centred_pair<2>(wg),
-                           centred_pair<2>(w8)};
-    mma_bf16(ga, a, x.frag[j][0], x.frag[j][1]);
-    mma_bf16(ga, a, x.frag[j][2], x.frag[j][3]);
-    if ((j + 1) % kPieceSteps == 0) {
-      const int p = j / kPieceSteps;
-      const int gi = (warp * S::kSlice + p * kPieceSteps * 16) / meta.group;
+  for (int j = 0; j < S::kBlocks; ++j) {
+    const uint2 wg = *reinterpret_cast<const uint2*>(rg + col + 32 * j);
+    const uint2 w8 = *reinterpret_cast<const uint2*>(r8 + col + 32 * j);
+    const uint32_t a[4] = {wg.x, w8.x, wg.y, w8.y};
+    imma<true>(d[0], a, x.frag[j][0][0], x.frag[j][0][1]);
+    imma<true>(d[1], a, x.frag[j][1][0], x.frag[j][1][1]);
+    imma<false>(d[2], a, x.frag[j][2][0], x.frag[j][2][1]);
+    if ((j + 1) % kPieceBlocks == 0) {
+      const int p = j / kPieceBlocks;
+      const int gi = (warp * S::kSlice + p * kPieceBlocks * 32) / meta.group;
       const uint8_t* sg = st + S::kScales + g * meta.row_bytes + gi * sb;
       const uint8_t* s8 = sg + 8 * meta.row_bytes;
-      const float scale_g = meta_at(sg, meta.dtype), scale_8 = meta_at(s8, meta.dtype);
-      const float bias_g = meta_at(sg + S::kMetaBytes, meta.dtype) + 128.0f * scale_g;
-      const float bias_8 = meta_at(s8 + S::kMetaBytes, meta.dtype) + 128.0f * scale_8;
-      acc[0] = acc[0] + (scale_g * ga[0] + bias_g * x.xsum[p][0]);
-      acc[1] = acc[1] + (scale_g * ga[1] + bias_g * x.xsum[p][1]);
-      acc[2] = acc[2] + (scale_8 * ga[2] + bias_8 * x.xsum[p][0]);
-      acc[3] = acc[3] + (scale_8 * ga[3] + bias_8 * x.xsum[p][1]);
+      const float scale[2] = {meta_at(sg, meta.dtype), meta_at(s8, meta.dtype)};
+      const float bias[2] = {meta_at(sg + S::kMetaBytes, meta.dtype) + 128.0f * scale[0],
+                             meta_at(s8 + S::kMetaBytes, meta.dtype) + 128.0f * scale[1]};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ga[e] = 0.0f;
+      for (int e = 0; e < 4; ++e) {  // weight row g + 8 (e >> 1), activation row 2 q + (e & 1)
+        const int64_t sum = (static_cast<int64_t>(d[2][e]) << 16) + (static_cast<int64_t>(d[1][e]) << 8) +
+                            d[0][e] - 128 * static_cast<int64_t>(x.xsum[p][e & 1]);
+        const float centred = static_cast<float>(sum) * x.unscale[e & 1];
+        const float xs = static_cast<float>(x.xsum[p][e & 1]) * x.unscale[e & 1];
+        acc[e] = acc[e] + (scale[e >> 1] * centred + bias[e >> 1] * xs);
+        d[0][e] = d[1][e] = d[2][e] = 0;
+      }
     }
   }
 }
