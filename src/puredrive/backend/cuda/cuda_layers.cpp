@@ -213,7 +213,8 @@ Status CudaBackend::moe(const MoeArgs& a) {
     cuda::launch_moe_profiled(l, stream_, ms);
     note_error(cudaGetLastError(), "kernel launch");
     static const char* const kPhases[cuda::kMoePhases] = {
-        "moe: router + shared gate + route", "moe: gate/up experts", "moe: down experts + combine"};
+        "moe: router + shared gate + route", "moe: gate/up experts (streamed blocks: + router, route)",
+        "moe: down experts + combine"};
     for (int i = 0; i < cuda::kMoePhases; ++i) {
       CudaOpTime& t = profile_[kPhases[i]];
       ++t.count;

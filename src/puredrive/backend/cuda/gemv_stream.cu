@@ -39,6 +39,22 @@ __device__ __forceinline__ int64_t tile_rows(const MmaTargets& t, int64_t tile, 
   return (tile - (*i == 0 ? 0 : t.tile_end[*i - 1])) * kTile;
 }
 
+// Threads < 128 store the outputs of tile `tile` (published in buffer buf) to its matrix; every consumer
+// thread advances *i.
+__device__ __forceinline__ void store_tile(const MmaTargets& t, const float4* part, int buf, int64_t tile,
+                                           int* i, int rows) {
+  const int64_t n0 = tile_rows(t, tile, i);
+  if (threadIdx.x < kTile * 8) {
+    const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
+    const float sum = tile_output(part, buf, off, r);
+    const DevMatrix& m = t.m[*i];
+    if (r < rows && n0 + off < m.rows) {
+      float* o = t.out[*i] + r * t.os[*i] + n0 + off;
+      *o = t.accumulate != 0 ? *o + sum : sum;
+    }
+  }
+}
+
 template <int KB, bool VEC>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
@@ -83,16 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[4] = {};
     consume_tile(ring, &f, col, g, lane, frag, acc);
     publish(ring.part, buf, warp, lane, acc);
-    const int64_t n0 = tile_rows(t, tile, &i);
-    if (threadIdx.x < kTile * 8) {
-      const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
-      const float sum = tile_output(ring.part, buf, off, r);
-      const DevMatrix& m = t.m[i];
-      if (r < rows && n0 + off < m.rows) {
-        float* o = t.out[i] + r * t.os[i] + n0 + off;
-        *o = t.accumulate != 0 ? *o + sum : sum;
-      }
-    }
+    store_tile(t, ring.part, buf, tile, &i, rows);
     buf ^= 1;
   }
 }
@@ -145,16 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     affine_product(ring.stage(f), warp, lane, meta, ax, acc);
     ring.release(f, lane);
     publish(ring.part, buf, warp, lane, acc);
-    const int64_t n0 = tile_rows(t, tile_begin + f, &i);
-    if (threadIdx.x < kTile * 8) {
-      const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
-      const float sum = tile_output(ring.part, buf, off, r);
-      const DevMatrix& m = t.m[i];
-      if (r < rows && n0 + off < m.rows) {
-        float* o = t.out[i] + r * t.os[i] + n0 + off;
-        *o = t.accumulate != 0 ? *o + sum : sum;
-      }
-    }
+    store_tile(t, ring.part, buf, tile_begin + f, &i, rows);
     buf ^= 1;
   }
 }
