@@ -19,8 +19,6 @@
 // slices' partials. A row gives the same bits whatever R, and in gemv and gemv_multi launches alike.
 #include "puredrive/backend/cuda/gemv_mma.h"
 
-#include <cstdlib>
-
 #include "puredrive/backend/cuda/common.cuh"
 
 namespace pd::cuda {
@@ -214,10 +212,7 @@ int64_t tiles_of(const DevMatrix& m) {
 
 // False when PD_GEMV_MMA=0 (read once): the CUDA-core kernels, for same-run comparisons.
 bool mma_products_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("PD_GEMV_MMA");
-    return v == nullptr || v[0] != '0';
-  }();
+  static const bool enabled = env_switch_on("PD_GEMV_MMA");
   return enabled;
 }
 

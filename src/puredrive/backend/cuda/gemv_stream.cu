@@ -23,7 +23,6 @@
 // also the activation row's fixed-point scale, which depends on that row alone); the order of its sum
 // (chunks, the warp's columns, then the warps in order) is fixed by the matrix width. Unused rows are
 // zero columns of B; rows past a matrix's end repeat its last row and are not stored.
-#include <cstdlib>
 
 #include "puredrive/backend/cuda/gemv_mma.h"
 #include "puredrive/backend/cuda/stream_affine.cuh"
@@ -196,11 +195,6 @@ void launch_vec(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaS
   }
 }
 
-bool env_enabled(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr || v[0] != '0';
-}
-
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -208,8 +202,8 @@ bool aligned16(const void* p) {
 }  // namespace
 
 bool gemv_stream_supported(const DevMatrix& m) {
-  static const bool enabled = env_enabled("PD_GEMV_STREAM");
-  static const bool affine = env_enabled("PD_AFFINE_STREAM");
+  static const bool enabled = env_switch_on("PD_GEMV_STREAM");
+  static const bool affine = env_switch_on("PD_AFFINE_STREAM");
   const int64_t k = m.cols;
   if (!enabled || !(k == 512 || k == 1024 || k == 2048 || k == 4096) || m.rows <= 0 || !aligned16(m.data)) {
     return false;

@@ -10,8 +10,16 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 namespace pd::cuda {
+
+// A kernel-choice switch for same-run comparisons: on unless the environment variable `name` starts with
+// '0'. Callers read it once (a static), so one process never mixes kernels.
+inline bool env_switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || v[0] != '0';
+}
 
 constexpr int kMaxRows = 8;  // rows one launch of a weight-reading kernel handles (registers per thread)
 constexpr int kBlock = 256;  // threads of a matrix-vector block: 8 warps, one output row per warp at a time

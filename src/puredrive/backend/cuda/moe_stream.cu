@@ -34,8 +34,6 @@
 // row, its activation row and the width only), and the combine of an output reads that row's values only.
 #include "puredrive/backend/cuda/moe_stream.h"
 
-#include <cstdlib>
-
 #include "puredrive/backend/cuda/moe_route.cuh"
 #include "puredrive/backend/cuda/stream_affine.cuh"
 
@@ -477,10 +475,7 @@ bool stream_format(const MoeLaunch& m) {
 }  // namespace
 
 bool moe_stream_supported(const MoeLaunch& m) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("PD_MOE_STREAM");
-    return v == nullptr || v[0] != '0';
-  }();
+  static const bool enabled = env_switch_on("PD_MOE_STREAM");
   const int64_t H = m.hidden, I = m.inter;
   // The router in the experts' format (the kernels' RF): bf16, or affine 8-bit of any group size.
   const bool router = m.router.fmt == m.gate.fmt && (m.router.fmt != WFmt::kAffine || m.router.bits == 8);
