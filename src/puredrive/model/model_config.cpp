@@ -386,7 +386,9 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
   PD_TRY(t.int_field("head_dim", &c.head_dim, true));
   PD_TRY(t.bool_field("attn_output_gate", &c.attn_output_gate));
   PD_TRY(parse_rope(t, &c));
-  c.rotary_dim = static_cast<int>(c.head_dim * c.partial_rotary_factor);
+  // Out of (0, 1] the factor is an error (validate); converting its product to int first would be undefined.
+  const bool factor_ok = c.partial_rotary_factor > 0.0 && c.partial_rotary_factor <= 1.0;
+  c.rotary_dim = factor_ok ? static_cast<int>(c.head_dim * c.partial_rotary_factor) : 0;
 
   PD_TRY(parse_layer_types(t, &c));
   const bool has_gdn = c.num_linear_attention_layers() > 0;

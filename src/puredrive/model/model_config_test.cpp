@@ -229,6 +229,8 @@ TEST(ModelConfigErrors, Consistency) {
   t["model_type"] = "qwen3_next";
   t["partial_rotary_factor"] = 0.3;
   expect_error(t, {"partial_rotary_factor 0.3 with head_dim 256"});
+  t["partial_rotary_factor"] = 1e100;  // found by fuzz_model_config: once an undefined int conversion
+  expect_error(t, {"partial_rotary_factor 1e+100 with head_dim 256"});
 }
 
 TEST(ModelConfigErrors, Unsupported) {
