@@ -51,7 +51,7 @@ __host__ __device__ inline Layout layout(int D, int nq) {
   o.qhi = o.v + tile;
   o.qlo = o.qhi + q;
   o.sc = o.qlo + q;
-  o.phi = o.sc + static_cast<size_t>(nq) * kScStride * 4;
+  o.phi = o.sc + 2 * static_cast<size_t>(nq) * kScStride * 4;  // two halves of the dims
   o.plo = o.phi + static_cast<size_t>(nq) * kPStride * 2;
   o.m = o.plo + static_cast<size_t>(nq) * kPStride * 2;
   o.l = o.m + static_cast<size_t>(nq) * 4;
@@ -87,31 +87,34 @@ __device__ void make_plan(const AttentionLaunch& a, int r0, int nrows, Plan* p) 
   p->classes = n;
 }
 
-// Scores of the tile: sc[q][t] = (k_t . q_hi + k_t . q_lo) * scale. Task (key block mi of 16, query block ni
-// of 8) per warp; the hi and lo products accumulate in separate chains.
+// Partial scores of the tile, in two halves of the head dims: sc[h][q][t] = k_t . q_hi + k_t . q_lo over the
+// 16-dim steps h, h + 2, h + 4, ...; the score is (sc[0] + sc[1]) * scale. Task (key block mi of 16, half h,
+// query block ni of 8) per warp, so a one-row step keeps all eight warps busy on chains half as long; the hi
+// and lo products accumulate in separate chains. The split is the same for every row count.
 template <int NT>
 __device__ __forceinline__ void tile_scores(const uint16_t* ks, const uint16_t* qhi, const uint16_t* qlo,
-                                            float* sc, int D, float scale) {
+                                            float* sc, int D, int nq_pad) {
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, t = lane & 3, ld = D + kPad;
-  for (int task = warp; task < 4 * NT; task += kWarps) {
-    const int mi = task & 3, ni = task >> 2;
+  for (int task = warp; task < 8 * NT; task += kWarps) {
+    const int mi = task & 3, h = (task >> 2) & 1, ni = task >> 3;
     float hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     // A = K (keys x dims): matrix i of the ldmatrix is keys +8 (i & 1), dims +8 (i >> 1).
     const uint16_t* ka = ks + (mi * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4);
     const uint16_t* qh = qhi + (ni * 8 + g) * ld + 2 * t;
     const uint16_t* ql = qlo + (ni * 8 + g) * ld + 2 * t;
-    for (int k0 = 0; k0 < D; k0 += 16) {
+    for (int k0 = 16 * h; k0 < D; k0 += 32) {
       uint32_t a[4];
       attn::ldmatrix_x4(a, ka + k0);
       attn::mma_bf16(hi, a, attn::ld_pair(qh + k0), attn::ld_pair(qh + k0 + 8));
       attn::mma_bf16(lo, a, attn::ld_pair(ql + k0), attn::ld_pair(ql + k0 + 8));
     }
+    float* out = sc + h * nq_pad * kScStride;
     const int key = mi * 16 + g, q = ni * 8 + 2 * t;
-    sc[q * kScStride + key] = (hi[0] + lo[0]) * scale;
-    sc[(q + 1) * kScStride + key] = (hi[1] + lo[1]) * scale;
-    sc[q * kScStride + key + 8] = (hi[2] + lo[2]) * scale;
-    sc[(q + 1) * kScStride + key + 8] = (hi[3] + lo[3]) * scale;
+    out[q * kScStride + key] = hi[0] + lo[0];
+    out[(q + 1) * kScStride + key] = hi[1] + lo[1];
+    out[q * kScStride + key + 8] = hi[2] + lo[2];
+    out[(q + 1) * kScStride + key + 8] = hi[3] + lo[3];
   }
 }
 
@@ -120,7 +123,7 @@ __device__ __forceinline__ void tile_scores(const uint16_t* ks, const uint16_t* 
 // that this tile does not touch (padding, a row outside the item, or a tile past the row's position).
 __device__ __forceinline__ void tile_softmax(const float* sc, uint16_t* phi, uint16_t* plo, float* ms,
                                              float* ls, float* alphas, int nq_pad, int nq, int group,
-                                             const Plan& plan, unsigned active, int t0) {
+                                             const Plan& plan, unsigned active, int t0, float scale) {
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   for (int q = warp; q < nq_pad; q += kWarps) {
     uint16_t* ph = phi + q * kPStride;
@@ -136,7 +139,9 @@ __device__ __forceinline__ void tile_softmax(const float* sc, uint16_t* phi, uin
       continue;
     }
     const int pos = plan.pos[r];
-    const float s0 = sc[q * kScStride + lane], s1 = sc[q * kScStride + lane + 32];
+    const float* sc1 = sc + nq_pad * kScStride;  // the second half of the dims (tile_scores)
+    const float s0 = (sc[q * kScStride + lane] + sc1[q * kScStride + lane]) * scale;
+    const float s1 = (sc[q * kScStride + lane + 32] + sc1[q * kScStride + lane + 32]) * scale;
     const bool v0 = t0 + lane <= pos, v1 = t0 + lane + 32 <= pos;
     float mt = fmaxf(v0 ? s0 : -INFINITY, v1 ? s1 : -INFINITY);
 #pragma unroll
@@ -200,8 +205,10 @@ __device__ __forceinline__ void tile_values(float acc[2][NT][4], const uint16_t*
   }
 }
 
+// Two blocks per multiprocessor up to 64 query columns (registers capped at 128: the 3-column-block kernel
+// otherwise spilled), one above (their shared memory allows no second block anyway).
 template <int NT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, NT <= 8 ? 2 : 1)
     attn_decode_kernel(AttentionLaunch a, int r0, int nrows, const float* qbuf, float* part_o, float* part_ml,
                        int max_splits) {
   pdl_enter();
@@ -282,11 +289,11 @@ __global__ void __launch_bounds__(kThreads)
       const int t0 = start + it * kAttnTile;
       attn::copy_wait<1>();  // K(it)
       __syncthreads();
-      tile_scores<NT>(ks, qhi, qlo, sc, D, scale);
+      tile_scores<NT>(ks, qhi, qlo, sc, D, kNq);
       __syncthreads();
       if (it + 1 < tiles) attn::issue_kv_tile(ks, kc, kvw, kh, D, t0 + kAttnTile, end);
       attn::copy_commit();
-      tile_softmax(sc, phi, plo, ms, ls, alphas, kNq, nq, group, plan, active, t0);
+      tile_softmax(sc, phi, plo, ms, ls, alphas, kNq, nq, group, plan, active, t0, scale);
       attn::copy_wait<1>();  // V(it)
       __syncthreads();
       tile_values<NT>(acc, vs, phi, plo, alphas, D);

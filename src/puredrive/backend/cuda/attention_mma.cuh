@@ -64,11 +64,26 @@ __device__ __forceinline__ void split_bf16(float x, uint16_t* hi, uint16_t* lo) 
 }
 
 // Issues the copies of keys (or values) [t0, t0 + kAttnTile) of KV head kh into tile[kAttnTile][D + kPad];
-// positions at or past `end` are zero-filled, not read.
+// positions at or past `end` are zero-filled, not read. A thread copies one 16-byte chunk column of every
+// blockDim / (D / 8)-th key: one division per tile, not one per copy (the integer work of the division was
+// the decode kernel's busiest pipe at long contexts).
 __device__ __forceinline__ void issue_kv_tile(uint16_t* tile, const uint16_t* cache, int64_t kv_width, int kh,
                                               int D, int t0, int end) {
-  const int chunks = D / 8, ld = D + kPad;
-  for (int i = static_cast<int>(threadIdx.x); i < kAttnTile * chunks; i += static_cast<int>(blockDim.x)) {
+  const int chunks = D / 8, ld = D + kPad, threads = static_cast<int>(blockDim.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  if (threads % chunks == 0) {
+    const int step = threads / chunks, ch = tid % chunks;
+    int t = tid / chunks;
+    const uint16_t* src =
+        cache + static_cast<int64_t>(t0 + t) * kv_width + static_cast<int64_t>(kh) * D + ch * 8;
+    const int64_t src_step = static_cast<int64_t>(step) * kv_width;
+    for (; t < kAttnTile; t += step, src += src_step) {
+      const bool valid = t0 + t < end;
+      copy16_or_zero(tile + t * ld + ch * 8, valid ? src : cache, valid);
+    }
+    return;
+  }
+  for (int i = tid; i < kAttnTile * chunks; i += threads) {
     const int t = i / chunks, ch = i - t * chunks;
     const int pos = t0 + t;
     const bool valid = pos < end;
