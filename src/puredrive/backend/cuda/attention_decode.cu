@@ -88,33 +88,50 @@ __device__ void make_plan(const AttentionLaunch& a, int r0, int nrows, Plan* p) 
 }
 
 // Partial scores of the tile, in two halves of the head dims: sc[h][q][t] = k_t . q_hi + k_t . q_lo over the
-// 16-dim steps h, h + 2, h + 4, ...; the score is (sc[0] + sc[1]) * scale. Task (key block mi of 16, half h,
-// query block ni of 8) per warp, so a one-row step keeps all eight warps busy on chains half as long; the hi
-// and lo products accumulate in separate chains. The split is the same for every row count.
+// 16-dim steps h, h + 2, h + 4, ...; the score is (sc[0] + sc[1]) * scale. Warp (key block mi of 16, half h)
+// loads each K fragment once for up to kScoreBlocks query blocks of 8, whose hi and lo products accumulate
+// in separate chains; every element's chain is the same whatever the number of query blocks.
+constexpr int kScoreBlocks = 4;
 template <int NT>
 __device__ __forceinline__ void tile_scores(const uint16_t* ks, const uint16_t* qhi, const uint16_t* qlo,
                                             float* sc, int D, int nq_pad) {
+  static_assert(kWarps == 8, "one warp per (key block, half)");
+  constexpr int NB = NT <= kScoreBlocks ? NT : NT % 4 == 0 ? 4 : NT % 3 == 0 ? 3 : 2;  // divides NT
+  static_assert(NT % NB == 0 && NB <= kScoreBlocks);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, t = lane & 3, ld = D + kPad;
-  for (int task = warp; task < 8 * NT; task += kWarps) {
-    const int mi = task & 3, h = (task >> 2) & 1, ni = task >> 3;
-    float hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    // A = K (keys x dims): matrix i of the ldmatrix is keys +8 (i & 1), dims +8 (i >> 1).
-    const uint16_t* ka = ks + (mi * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4);
-    const uint16_t* qh = qhi + (ni * 8 + g) * ld + 2 * t;
-    const uint16_t* ql = qlo + (ni * 8 + g) * ld + 2 * t;
+  const int mi = warp & 3, h = warp >> 2;
+  // A = K (keys x dims): matrix i of the ldmatrix is keys +8 (i & 1), dims +8 (i >> 1).
+  const uint16_t* ka = ks + (mi * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4);
+  float* out = sc + h * nq_pad * kScStride;
+#pragma unroll 1
+  for (int n0 = 0; n0 < NT; n0 += NB) {
+    float hi[NB][4], lo[NB][4];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) hi[b][e] = lo[b][e] = 0.0f;
+    }
     for (int k0 = 16 * h; k0 < D; k0 += 32) {
       uint32_t a[4];
       attn::ldmatrix_x4(a, ka + k0);
-      attn::mma_bf16(hi, a, attn::ld_pair(qh + k0), attn::ld_pair(qh + k0 + 8));
-      attn::mma_bf16(lo, a, attn::ld_pair(ql + k0), attn::ld_pair(ql + k0 + 8));
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const uint16_t* qh = qhi + ((n0 + b) * 8 + g) * ld + 2 * t + k0;
+        const uint16_t* ql = qlo + ((n0 + b) * 8 + g) * ld + 2 * t + k0;
+        attn::mma_bf16(hi[b], a, attn::ld_pair(qh), attn::ld_pair(qh + 8));
+        attn::mma_bf16(lo[b], a, attn::ld_pair(ql), attn::ld_pair(ql + 8));
+      }
     }
-    float* out = sc + h * nq_pad * kScStride;
-    const int key = mi * 16 + g, q = ni * 8 + 2 * t;
-    out[q * kScStride + key] = hi[0] + lo[0];
-    out[(q + 1) * kScStride + key] = hi[1] + lo[1];
-    out[q * kScStride + key + 8] = hi[2] + lo[2];
-    out[(q + 1) * kScStride + key + 8] = hi[3] + lo[3];
+    const int key = mi * 16 + g;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const int q = (n0 + b) * 8 + 2 * t;
+      out[q * kScStride + key] = hi[b][0] + lo[b][0];
+      out[(q + 1) * kScStride + key] = hi[b][1] + lo[b][1];
+      out[q * kScStride + key + 8] = hi[b][2] + lo[b][2];
+      out[(q + 1) * kScStride + key + 8] = hi[b][3] + lo[b][3];
+    }
   }
 }
 
@@ -165,33 +182,48 @@ __device__ __forceinline__ void tile_softmax(const float* sc, uint16_t* phi, uin
 }
 
 // o^T (dims x queries) = o^T * alpha + V^T . P^T over the tile's 64 keys. Warp w owns dims blocks w and w + 8
-// (16 dims each) for every query block.
+// (16 dims each) for every query block; a query block's probability fragments are loaded once for both.
 template <int NT>
 __device__ __forceinline__ void tile_values(float acc[2][NT][4], const uint16_t* vs, const uint16_t* phi,
                                             const uint16_t* plo, const float* alphas, int D) {
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, t = lane & 3, ld = D + kPad;
+  if (warp * 16 >= D) return;  // uniform over the warp: no dims of its own (D < 128)
+  const bool second = (warp + kWarps) * 16 < D;
+  // A = V^T (dims x keys) from V (keys x dims) with .trans: matrix i is dims +8 (i & 1), keys +8 (i >> 1).
+  uint32_t a[2][4][4];
 #pragma unroll
   for (int mm = 0; mm < 2; ++mm) {
-    const int mt = warp + mm * kWarps;
-    if (mt * 16 >= D) continue;  // uniform over the warp
-    // A = V^T (dims x keys) from V (keys x dims) with .trans: matrix i is dims +8 (i & 1), keys +8 (i >> 1).
-    const uint16_t* va = vs + ((lane & 7) + 8 * (lane >> 4)) * ld + mt * 16 + 8 * ((lane >> 3) & 1);
-    uint32_t a[4][4];
+    const uint16_t* va =
+        vs + ((lane & 7) + 8 * (lane >> 4)) * ld + (warp + mm * kWarps) * 16 + 8 * ((lane >> 3) & 1);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) attn::ldmatrix_x4_trans(a[kk], va + kk * 16 * ld);
+    for (int kk = 0; kk < 4; ++kk) {
+      if (mm == 0 || second) attn::ldmatrix_x4_trans(a[mm][kk], va + kk * 16 * ld);
+    }
+  }
 #pragma unroll
-    for (int ni = 0; ni < NT; ++ni) {
-      const int q0 = ni * 8 + 2 * t;
-      const float a0 = alphas[q0], a1 = alphas[q0 + 1];
+  for (int ni = 0; ni < NT; ++ni) {
+    const int q0 = ni * 8 + 2 * t;
+    const float a0 = alphas[q0], a1 = alphas[q0 + 1];
+    const uint16_t* ph = phi + (ni * 8 + g) * kPStride + 2 * t;
+    const uint16_t* pl = plo + (ni * 8 + g) * kPStride + 2 * t;
+    uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      bh[kk][0] = attn::ld_pair(ph + kk * 16);
+      bh[kk][1] = attn::ld_pair(ph + kk * 16 + 8);
+      bl[kk][0] = attn::ld_pair(pl + kk * 16);
+      bl[kk][1] = attn::ld_pair(pl + kk * 16 + 8);
+    }
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm) {
+      if (mm == 1 && !second) continue;
       float* c = acc[mm][ni];
       float d[4] = {c[0] * a0, c[1] * a1, c[2] * a0, c[3] * a1};
-      const uint16_t* ph = phi + (ni * 8 + g) * kPStride + 2 * t;
-      const uint16_t* pl = plo + (ni * 8 + g) * kPStride + 2 * t;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        attn::mma_bf16(d, a[kk], attn::ld_pair(ph + kk * 16), attn::ld_pair(ph + kk * 16 + 8));
-        attn::mma_bf16(d, a[kk], attn::ld_pair(pl + kk * 16), attn::ld_pair(pl + kk * 16 + 8));
+        attn::mma_bf16(d, a[mm][kk], bh[kk][0], bh[kk][1]);
+        attn::mma_bf16(d, a[mm][kk], bl[kk][0], bl[kk][1]);
       }
       if (a0 >= 0.0f) {
         c[0] = d[0];
@@ -205,10 +237,10 @@ __device__ __forceinline__ void tile_values(float acc[2][NT][4], const uint16_t*
   }
 }
 
-// Two blocks per multiprocessor up to 64 query columns (registers capped at 128: the 3-column-block kernel
-// otherwise spilled), one above (their shared memory allows no second block anyway).
+// Two blocks per multiprocessor up to 3 query blocks (registers capped at 128; the 3-block kernel otherwise
+// spilled), one above, where the shared memory of a 256-dim head allows no second block anyway.
 template <int NT>
-__global__ void __launch_bounds__(kThreads, NT <= 8 ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     attn_decode_kernel(AttentionLaunch a, int r0, int nrows, const float* qbuf, float* part_o, float* part_ml,
                        int max_splits) {
   pdl_enter();
