@@ -9,8 +9,8 @@
 # PD_TESTS (test binaries), PD_TEST_S (seconds per test binary, default 200), PD_SKIP_TESTS=1,
 # PD_SKIP_CHECK=1, PD_CHECK_S (seconds per `check`, default 60), PD_NCU_QUANTS (candidate only, default
 # none) with PD_NCU_CONTEXTS (default 2k; --fill auto) and PD_NCU_ROWS (rows of the profiled step, default 1) and PD_NCU_DETAIL (kernel-name regex for
-# full ncu sections), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk), PD_CAND_LONG (contexts for one more candidate-only bf16 bench, --fill auto: synthetic
-# above 64K, e.g. 32k,128k,256k; default none), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
+# full ncu sections), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk), PD_CAND_LONG (contexts for one more candidate bf16 bench, --fill auto: synthetic
+# above 64K, e.g. 32k,128k,256k; default none; PD_BASE_LONG: the same for the baseline), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
 # MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle, default 2.3, in every cell of the
 # bundles whose bench has --accept-mean; PD_MTP_DRAFT_VOCAB: their --mtp-draft-vocab).
 set -uo pipefail
@@ -144,14 +144,17 @@ for c in j["cells"]:
 PY
   done
 done
-if [ -n "${PD_CAND_LONG:-}" ]; then
-  with cand timeout 300 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant bf16 \
-    --contexts "$PD_CAND_LONG" --fill auto --tokens 128 --profile-steps 2 --json "$det/bench_cand_long.json" \
-    --commit "$(awk '/^commit/ {print $2}' build/cand/build_info.txt)" --note "$(sed -n 2p build/cand/build_info.txt)" \
-    >"$det/bench_cand_long.log" 2>&1
-  echo "long-context bench rc=$?" | tee -a "$out/summary.txt"
-  tail -8 "$det/bench_cand_long.log" | tee -a "$out/summary.txt"
-fi
+# PD_CAND_LONG: the candidate's long-context cells; PD_BASE_LONG: the baseline's too (default none).
+for b in cand base; do
+  if [ $b = cand ]; then long=${PD_CAND_LONG:-}; else long=${PD_BASE_LONG:-}; fi
+  [ -n "$long" ] && [ -d build/$b ] || continue
+  with $b timeout 300 build/$b/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant bf16 \
+    --contexts "$long" --fill auto --tokens 128 --profile-steps 2 --json "$det/bench_${b}_long.json" \
+    --commit "$(awk '/^commit/ {print $2}' build/$b/build_info.txt)" --note "$(sed -n 2p build/$b/build_info.txt)" \
+    >"$det/bench_${b}_long.log" 2>&1
+  echo "$b long-context bench rc=$?" | tee -a "$out/summary.txt"
+  tail -8 "$det/bench_${b}_long.log" | tee -a "$out/summary.txt"
+done
 for q in ${PD_NCU_QUANTS:-}; do
  for ctx in ${PD_NCU_CONTEXTS:-2k}; do
  for nr in ${PD_NCU_ROWS:-1}; do
