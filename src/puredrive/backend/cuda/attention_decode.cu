@@ -92,11 +92,16 @@ __device__ void make_plan(const AttentionLaunch& a, int r0, int nrows, Plan* p) 
 // loads each K fragment once for up to kScoreBlocks query blocks of 8, whose hi and lo products accumulate
 // in separate chains; every element's chain is the same whatever the number of query blocks.
 constexpr int kScoreBlocks = 4;
+// Query blocks a warp works on at once: the largest divisor of NT up to kScoreBlocks (NT is 1-4, 6, 8, 12,
+// 16).
+constexpr int inner_blocks(int nt) {
+  return nt <= kScoreBlocks ? nt : nt % 4 == 0 ? 4 : nt % 3 == 0 ? 3 : 2;
+}
 template <int NT>
 __device__ __forceinline__ void tile_scores(const uint16_t* ks, const uint16_t* qhi, const uint16_t* qlo,
                                             float* sc, int D, int nq_pad) {
   static_assert(kWarps == 8, "one warp per (key block, half)");
-  constexpr int NB = NT <= kScoreBlocks ? NT : NT % 4 == 0 ? 4 : NT % 3 == 0 ? 3 : 2;  // divides NT
+  constexpr int NB = inner_blocks(NT);
   static_assert(NT % NB == 0 && NB <= kScoreBlocks);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, t = lane & 3, ld = D + kPad;
@@ -137,46 +142,73 @@ __device__ __forceinline__ void tile_scores(const uint16_t* ks, const uint16_t* 
 
 // Online-softmax update of the tile at keys [t0, t0 + 64), one warp per query: new max, probabilities (hi /
 // lo bf16 for the mma), sum, and the factor alpha that rescales the query's output; alpha = -1 marks a query
-// that this tile does not touch (padding, a row outside the item, or a tile past the row's position).
+// that this tile does not touch (padding, a row outside the item, or a tile past the row's position). Warp
+// w has queries w, w + 8, ...; it takes them inner_blocks(NT) at a time, their shuffle reductions
+// interleaved (a verify step's queries otherwise ran one dependent chain after another). Each query's
+// arithmetic is the same whichever queries share its pass.
+template <int NT>
 __device__ __forceinline__ void tile_softmax(const float* sc, uint16_t* phi, uint16_t* plo, float* ms,
-                                             float* ls, float* alphas, int nq_pad, int nq, int group,
-                                             const Plan& plan, unsigned active, int t0, float scale) {
+                                             float* ls, float* alphas, int nq, int group, const Plan& plan,
+                                             unsigned active, int t0, float scale) {
+  constexpr int NB = inner_blocks(NT), kNq = NT * 8;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  for (int q = warp; q < nq_pad; q += kWarps) {
-    uint16_t* ph = phi + q * kPStride;
-    uint16_t* pl = plo + q * kPStride;
-    const int r = q < nq ? q / group : 0;
-    const bool on = q < nq && ((active >> r) & 1u) != 0 && t0 <= plan.pos[r];
-    if (!on) {
-      ph[lane] = 0;
-      ph[lane + 32] = 0;
-      pl[lane] = 0;
-      pl[lane + 32] = 0;
-      if (lane == 0) alphas[q] = -1.0f;
-      continue;
+  const float* sc1 = sc + kNq * kScStride;  // the second half of the dims (tile_scores)
+#pragma unroll 1
+  for (int j0 = 0; j0 < NT; j0 += NB) {
+    int q[NB];
+    bool on[NB], v0[NB], v1[NB];
+    float s0[NB], s1[NB], mt[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      q[b] = warp + kWarps * (j0 + b);
+      const int r = q[b] < nq ? q[b] / group : 0;
+      const int pos = plan.pos[r];
+      on[b] = q[b] < nq && ((active >> r) & 1u) != 0 && t0 <= pos;
+      s0[b] = (sc[q[b] * kScStride + lane] + sc1[q[b] * kScStride + lane]) * scale;
+      s1[b] = (sc[q[b] * kScStride + lane + 32] + sc1[q[b] * kScStride + lane + 32]) * scale;
+      v0[b] = on[b] && t0 + lane <= pos;
+      v1[b] = on[b] && t0 + lane + 32 <= pos;
+      mt[b] = fmaxf(v0[b] ? s0[b] : -INFINITY, v1[b] ? s1[b] : -INFINITY);
     }
-    const int pos = plan.pos[r];
-    const float* sc1 = sc + nq_pad * kScStride;  // the second half of the dims (tile_scores)
-    const float s0 = (sc[q * kScStride + lane] + sc1[q * kScStride + lane]) * scale;
-    const float s1 = (sc[q * kScStride + lane + 32] + sc1[q * kScStride + lane + 32]) * scale;
-    const bool v0 = t0 + lane <= pos, v1 = t0 + lane + 32 <= pos;
-    float mt = fmaxf(v0 ? s0 : -INFINITY, v1 ? s1 : -INFINITY);
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
-    const float m_old = ms[q];
-    const float m_new = fmaxf(m_old, mt);  // finite: key t0 <= pos is valid
-    const float p0 = v0 ? expf(s0 - m_new) : 0.0f;
-    const float p1 = v1 ? expf(s1 - m_new) : 0.0f;
-    float sum = p0 + p1;
+    for (int off = 16; off > 0; off >>= 1) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    attn::split_bf16(p0, &ph[lane], &pl[lane]);
-    attn::split_bf16(p1, &ph[lane + 32], &pl[lane + 32]);
-    if (lane == 0) {
-      const float alpha = expf(m_old - m_new);  // 0 on the item's first tile (m_old = -inf)
-      ms[q] = m_new;
-      ls[q] = ls[q] * alpha + sum;
-      alphas[q] = alpha;
+      for (int b = 0; b < NB; ++b) mt[b] = fmaxf(mt[b], __shfl_xor_sync(0xffffffffu, mt[b], off));
+    }
+    float m_old[NB], m_new[NB], p0[NB], p1[NB], sum[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      m_old[b] = ms[q[b]];
+      m_new[b] = fmaxf(m_old[b], mt[b]);  // finite when on: key t0 <= pos is valid
+      p0[b] = v0[b] ? expf(s0[b] - m_new[b]) : 0.0f;
+      p1[b] = v1[b] ? expf(s1[b] - m_new[b]) : 0.0f;
+      sum[b] = p0[b] + p1[b];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+      for (int b = 0; b < NB; ++b) sum[b] += __shfl_xor_sync(0xffffffffu, sum[b], off);
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      uint16_t* ph = phi + q[b] * kPStride;
+      uint16_t* pl = plo + q[b] * kPStride;
+      if (!on[b]) {
+        ph[lane] = 0;
+        ph[lane + 32] = 0;
+        pl[lane] = 0;
+        pl[lane + 32] = 0;
+        if (lane == 0) alphas[q[b]] = -1.0f;
+        continue;
+      }
+      attn::split_bf16(p0[b], &ph[lane], &pl[lane]);
+      attn::split_bf16(p1[b], &ph[lane + 32], &pl[lane + 32]);
+      if (lane == 0) {
+        const float alpha = expf(m_old[b] - m_new[b]);  // 0 on the item's first tile (m_old = -inf)
+        ms[q[b]] = m_new[b];
+        ls[q[b]] = ls[q[b]] * alpha + sum[b];
+        alphas[q[b]] = alpha;
+      }
     }
   }
 }
@@ -325,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       __syncthreads();
       if (it + 1 < tiles) attn::issue_kv_tile(ks, kc, kvw, kh, D, t0 + kAttnTile, end);
       attn::copy_commit();
-      tile_softmax(sc, phi, plo, ms, ls, alphas, kNq, nq, group, plan, active, t0, scale);
+      tile_softmax<NT>(sc, phi, plo, ms, ls, alphas, nq, group, plan, active, t0, scale);
       attn::copy_wait<1>();  // V(it)
       __syncthreads();
       tile_values<NT>(acc, vs, phi, plo, alphas, D);
