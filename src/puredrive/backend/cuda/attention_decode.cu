@@ -99,16 +99,16 @@ constexpr int inner_blocks(int nt) {
 }
 template <int NT>
 __device__ __forceinline__ void tile_scores(const uint16_t* ks, const uint16_t* qhi, const uint16_t* qlo,
-                                            float* sc, int D, int nq_pad) {
+                                            float* sc, int D) {
   static_assert(kWarps == 8, "one warp per (key block, half)");
-  constexpr int NB = inner_blocks(NT);
+  constexpr int NB = inner_blocks(NT), kNq = NT * 8;
   static_assert(NT % NB == 0 && NB <= kScoreBlocks);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, t = lane & 3, ld = D + kPad;
   const int mi = warp & 3, h = warp >> 2;
   // A = K (keys x dims): matrix i of the ldmatrix is keys +8 (i & 1), dims +8 (i >> 1).
   const uint16_t* ka = ks + (mi * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4);
-  float* out = sc + h * nq_pad * kScStride;
+  float* out = sc + h * kNq * kScStride;
 #pragma unroll 1
   for (int n0 = 0; n0 < NT; n0 += NB) {
     float hi[NB][4], lo[NB][4];
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       const int t0 = start + it * kAttnTile;
       attn::copy_wait<1>();  // K(it)
       __syncthreads();
-      tile_scores<NT>(ks, qhi, qlo, sc, D, kNq);
+      tile_scores<NT>(ks, qhi, qlo, sc, D);
       __syncthreads();
       if (it + 1 < tiles) attn::issue_kv_tile(ks, kc, kvw, kh, D, t0 + kAttnTile, end);
       attn::copy_commit();
