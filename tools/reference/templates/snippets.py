@@ -206,6 +206,7 @@ SNIPPETS = [
     ("str_methods_partition", "{{ 'a=b=c'.partition('=') }} {{ 'a=b=c'.rpartition('=') }} {{ 'abc'.partition('x') }} {{ 'a\\nb\\r\\nc'.splitlines() }} {{ 'pre_x'.removeprefix('pre_') }}", {}),
     ("str_format_method", "{{ '{}-{}'.format(1, 'a') }} {{ '{0}{1}{0}'.format('x', 'y') }} {{ '{name}!'.format(name='n') }} {{ '{:>5}|{:<4}|{:^5}|{:05.1f}|{:,}'.format('r', 'l', 'c', 3.14159, 1234567) }} {{ '{!r}'.format('q') }} {{ '{{}}'.format() }}", {}),
     ("str_percent_op", "{{ '%s and %s' % ('a', 'b') }} {{ '%d%%' % 50 }} {{ '%s' % [1, 2] }} {{ '%(k)s' % {'k': 'v'} }} {{ '%5.1f' % 3.14159 }}", {}),
+    ("str_percent_star", "{{ '%*d|' % (-5, 1) }}{{ '%*d|' % (3, 7) }}{{ '%-*s|' % (4, 'a') }}{{ '%.*f|' % (-1, 1.5) }}{{ '%.*f' % (2, 3.14159) }}", {}),
     ("think_split_idiom", "{% set c = '<think>\\nreason\\n</think>\\n\\nanswer' %}{{ c.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') }}|{{ c.split('</think>')[-1].lstrip('\\n') }}", {}),
     ("dict_methods", "{{ d.get('x') }} {{ d.get('nope') }} {{ d.get('nope', 5) }} {{ d.keys() | list }} {{ d.values() | list }} {{ d.items() | list }} {{ d.keys() }}", {"d": {"x": 1, "y": 2}}),
     ("list_methods", "{{ [1, 2, 1].count(1) }} {{ [1, 2].index(2) }} {{ [1, 2].copy() }}", {}),

@@ -92,6 +92,22 @@ TEST(JinjaLimits, OutputAndStringSizesAreBounded) {
   EXPECT_NE(render_error("{{ 2 ** 200 }}").message().find("integer overflow"), std::string::npos);
 }
 
+// Python would build these fields (or fail on its own overflow); we stop at a million characters, with an
+// error, not a signed overflow while reading the digits (found by fuzz_jinja under UBSan).
+TEST(JinjaLimits, FormatWidthsAndPrecisionsAreBounded) {
+  for (const char* source :
+       {"{{ '%1111111111111111111111d' % 1 }}", "{{ '%.99999999999999999999f' % 1.5 }}",
+        "{{ '%2000000d' % 1 }}", "{{ '%*d' % (2000000, 1) }}", "{{ '%*d' % (-9223372036854775807, 1) }}",
+        "{{ '%.*f' % (9223372036854775807, 1.5) }}", "{{ '{:99999999999999999999}'.format(1) }}",
+        "{{ '{:.99999999999}'.format(1.5) }}",
+        "{{ '%s' | format('x') }}{{ '%-1111111111111s' | format('x') }}"}) {
+    const Status s = render_error(source);
+    EXPECT_NE(s.message().find("beyond the limit of 1048576"), std::string::npos)
+        << source << ": " << s.message();
+  }
+  EXPECT_EQ(render_ok("{{ '%1048576d' % 1 }}").size(), 1048576u);
+}
+
 TEST(JinjaLimits, DeepNestingIsASyntaxErrorNotACrash) {
   const std::string parens = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
   EXPECT_NE(render_error(parens).message().find("nesting deeper"), std::string::npos);

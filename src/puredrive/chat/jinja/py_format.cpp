@@ -209,6 +209,28 @@ struct Spec {
   char type = 0;
 };
 
+// Widths and precisions above this fail with kLimit instead of building a string that large: Python would try
+// (up to its own overflow error), but no chat template needs a field of a million characters, and a request
+// must not make the server allocate gigabytes.
+constexpr int64_t kMaxFieldSize = int64_t{1} << 20;
+
+int field_size(int64_t n, const char* what) {
+  if (n > kMaxFieldSize || n < -kMaxFieldSize) {
+    fail(ErrorKind::kLimit, "format {} {} is beyond the limit of {}", what, n, kMaxFieldSize);
+  }
+  return static_cast<int>(n);
+}
+
+// The decimal digits at s[i...] as a width or precision, i moved past them.
+int read_field_size(std::string_view s, size_t& i, const char* what) {
+  int64_t n = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+    n = n * 10 + (s[i++] - '0');
+    field_size(n, what);  // before n can overflow
+  }
+  return static_cast<int>(n);
+}
+
 std::string pad(std::string body, const Spec& spec, char default_align) {
   const size_t len = utf8::length(body);
   if (spec.width < 0 || len >= static_cast<size_t>(spec.width)) return body;
@@ -366,19 +388,15 @@ Spec parse_spec(std::string_view s) {
     spec.zero = true;
     ++i;
   }
-  if (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
-    spec.width = 0;
-    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])))
-      spec.width = spec.width * 10 + (s[i++] - '0');
-  }
+  if (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])))
+    spec.width = read_field_size(s, i, "width");
   if (i < s.size() && (s[i] == ',' || s[i] == '_')) spec.grouping = s[i++];
   if (i < s.size() && s[i] == '.') {
     ++i;
     spec.precision = 0;
     if (i >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i])))
       fail(ErrorKind::kValue, "Format specifier missing precision");
-    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])))
-      spec.precision = spec.precision * 10 + (s[i++] - '0');
+    spec.precision = read_field_size(s, i, "precision");
   }
   if (i < s.size()) spec.type = s[i++];
   if (i != s.size()) fail(ErrorKind::kValue, "Invalid format specifier '{}'", s);
@@ -476,22 +494,22 @@ std::string percent_format(Interpreter& interp, std::string_view f, const Value&
       }
     }
     if (i < f.size() && f[i] == '*') {
-      spec.width = static_cast<int>(take().as_int());
+      // A negative width from the arguments left-aligns, as the '-' flag does.
+      const int w = field_size(take().as_int(), "width");
+      if (w < 0) spec.align = '<';
+      spec.width = w < 0 ? -w : w;
       ++i;
-    } else {
-      while (i < f.size() && std::isdigit(static_cast<unsigned char>(f[i]))) {
-        spec.width = std::max(spec.width, 0) * 10 + (f[i++] - '0');
-      }
+    } else if (i < f.size() && std::isdigit(static_cast<unsigned char>(f[i]))) {
+      spec.width = read_field_size(f, i, "width");
     }
     if (i < f.size() && f[i] == '.') {
       ++i;
       spec.precision = 0;
       if (i < f.size() && f[i] == '*') {
-        spec.precision = static_cast<int>(take().as_int());
+        spec.precision = std::max(field_size(take().as_int(), "precision"), 0);  // negative: 0, as in Python
         ++i;
       } else {
-        while (i < f.size() && std::isdigit(static_cast<unsigned char>(f[i])))
-          spec.precision = spec.precision * 10 + (f[i++] - '0');
+        spec.precision = read_field_size(f, i, "precision");
       }
     }
     while (i < f.size() && (f[i] == 'h' || f[i] == 'l' || f[i] == 'L')) ++i;
