@@ -11,6 +11,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${PD_DEVICE_BUILD:-$root/build/h9}
+# PD_KERNEL_TRACE=1: kernels record a timeline (trace.cuh; bench/device/trace.sh), in a build directory of its own.
+trace=OFF
+if [ "${PD_KERNEL_TRACE:-0}" = 1 ]; then trace=ON; build=${PD_DEVICE_BUILD:-$root/build/h9t}; fi
 bundle=$root/build/device-bundle
 targets=(puredrive_device cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests cuda_generator_tests
          cuda_prefix_cache_tests)
@@ -23,7 +26,7 @@ targets=(puredrive_device cuda_ops_tests cuda_model_tests cuda_sampling_tests cu
 # PD_CUDA_SHARED: the kernels live once in libpd_backend_cuda.so instead of in every binary (the bundle must
 # fit the device tool's 64 MiB with the working tree).
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DPD_WERROR=OFF -DPD_CUDA_SHARED=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON >/dev/null
+  -DPD_WERROR=OFF -DPD_CUDA_SHARED=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DPD_KERNEL_TRACE=$trace >/dev/null
 cmake --build "$build" --target "${targets[@]}" -j"${JOBS:-2}"
 
 rm -rf "$bundle"

@@ -216,6 +216,9 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
 #endif
   std::vector<int32_t> generated;
   std::vector<double> step_s;
+#ifdef PD_HAVE_CUDA
+  if (be.device() == Device::kCuda) cuda_trace_window(true);
+#endif
   const auto d0 = Clock::now();
   for (int i = 0; i < a.tokens; ++i) {
     const auto s0 = Clock::now();
@@ -224,6 +227,9 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     generated.push_back(tok);
   }
   const double decode_s = seconds(d0, Clock::now());
+#ifdef PD_HAVE_CUDA
+  if (be.device() == Device::kCuda) cuda_trace_window(false);
+#endif
   nlohmann::json graph;
 #ifdef PD_HAVE_CUDA
   if (std::optional<CudaStepStats> s = cuda_step_stats(be); s && stats0) {

@@ -13,12 +13,15 @@
 // paths run in chunks of kMaxRows rows; rows of a chunk see the keys written by earlier rows.
 #include "puredrive/backend/cuda/attention_mma.cuh"
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/trace.cuh"
 
 namespace pd::cuda {
 namespace {
 
 __global__ void qk_norm_rope_kernel(AttentionLaunch a, int r0, float* qbuf) {
+  PD_TRACE_SCOPE(kQkNormRope, gridDim.x);
   pdl_enter();
+  PD_TRACE_STAMP(0);
   extern __shared__ float xs[];  // [D]
   __shared__ float red[32];
   const int r = static_cast<int>(blockIdx.x);
@@ -216,7 +219,9 @@ constexpr int kMergeDims = 4 * kMergeLanes;
 template <bool ADAPTIVE>
 __global__ void __launch_bounds__(kMergeThreads)
     attn_merge_kernel(AttentionLaunch a, int r0, const float* part_o, const float* part_ml, int stride) {
+  PD_TRACE_SCOPE(kAttnMerge, gridDim.x);
   pdl_enter();
+  PD_TRACE_STAMP(0);
   __shared__ float w[ADAPTIVE ? kAttnItems : 1];
   __shared__ float red[kMergeThreads / 32];
   __shared__ float sums[kMergeChunks][kMergeDims];
@@ -312,6 +317,7 @@ void launch_attention(const AttentionLaunch& a, cudaStream_t stream) {
   const int D = a.head_dim, hq = a.num_heads;
   float* qbuf = a.scratch;
   const Path path = path_of(a);
+  PD_TRACE_ENSURE();
   if (path == Path::kPrefill) {
     launch_pdl(qk_norm_rope_kernel, dim3(a.rows, hq + a.num_kv_heads), dim3(128), D * sizeof(float), stream,
                a, 0, qbuf);

@@ -16,6 +16,7 @@
 // inside its last tile get probability exactly zero, whatever the cache holds there (other rows' new keys, or
 // zero fill).
 #include "puredrive/backend/cuda/attention_mma.cuh"
+#include "puredrive/backend/cuda/trace.cuh"
 
 namespace pd::cuda {
 namespace {
@@ -275,7 +276,9 @@ template <int NT>
 __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     attn_decode_kernel(AttentionLaunch a, int r0, int nrows, const float* qbuf, float* part_o, float* part_ml,
                        int max_splits) {
+  PD_TRACE_SCOPE(kAttnDecode, nrows);
   pdl_enter();
+  PD_TRACE_STAMP(0);
   constexpr int kNq = NT * 8;
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.head_dim, ld = D + kPad, hkv = a.num_kv_heads, hq = a.num_heads;
@@ -458,6 +461,7 @@ void launch_attn_decode(const AttentionLaunch& a, int r0, int rows, const float*
   // items in strides, so the grid never depends on the positions (one graph serves every step of width R).
   const unsigned grid = static_cast<unsigned>(2 * (a.multiprocessors > 0 ? a.multiprocessors : 1));
   with_query_blocks(nt, [&](auto k) {
+    PD_TRACE_ENSURE();
     launch_pdl(attn_decode_kernel<decltype(k)::value>, dim3(grid), dim3(kThreads), smem, stream, a, r0, rows,
                qbuf, part_o, part_ml, attn_max_splits(a.num_kv_heads));
   });

@@ -7,12 +7,15 @@
 //    then the gated RMSNorm of every row.
 // Everything a row computes depends only on the state before it and its own inputs.
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/trace.cuh"
 
 namespace pd::cuda {
 namespace {
 
 __global__ void gdn_conv_kernel(GdnLaunch g, int r0, int rows, float* conv_out) {
+  PD_TRACE_SCOPE(kGdnConv, rows);
   pdl_enter();
+  PD_TRACE_STAMP(0);
   const int C = 2 * g.num_k_heads * g.k_head_dim + g.num_v_heads * g.v_head_dim;
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= C) return;
@@ -72,6 +75,7 @@ void launch_gated_delta_net(const GdnLaunch& g, cudaStream_t stream) {
   float* conv_out = g.scratch;
   for (int r0 = 0; r0 < g.rows; r0 += kGdnChunk) {
     const int n = g.rows - r0 < kGdnChunk ? g.rows - r0 : kGdnChunk;
+    PD_TRACE_ENSURE();
     launch_pdl(gdn_conv_kernel, dim3(grid_for(C, 128)), dim3(128), 0, stream, g, r0, n, conv_out);
     launch_gdn_recurrent(g, r0, n, conv_out, stream);
   }

@@ -9,6 +9,7 @@
 #include <cooperative_groups.h>
 
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/trace.cuh"
 
 namespace pd::cuda {
 namespace {
@@ -20,7 +21,9 @@ constexpr int kMaxSplit = 4;
 template <int RPT>
 __global__ void __launch_bounds__(512)
     gdn_recurrent_split_kernel(GdnLaunch g, int r0, int rows, const float* conv_out, int split) {
+  PD_TRACE_SCOPE(kGdnRecurrent, rows);
   pdl_enter();
+  PD_TRACE_STAMP(0);
   cg::cluster_group cluster = cg::this_cluster();
   constexpr int kParts = 4;
   const int Dk = RPT * kParts;
@@ -132,6 +135,7 @@ void launch_split(const GdnLaunch& g, int r0, int rows, const float* conv_out, i
   attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
+  PD_TRACE_ENSURE();
   cudaLaunchKernelEx(&cfg, gdn_recurrent_split_kernel<RPT>, g, r0, rows, conv_out, split);
 }
 

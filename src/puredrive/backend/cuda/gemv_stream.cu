@@ -26,6 +26,7 @@
 
 #include "puredrive/backend/cuda/gemv_mma.h"
 #include "puredrive/backend/cuda/stream_affine.cuh"
+#include "puredrive/backend/cuda/trace.cuh"
 
 namespace pd::cuda {
 namespace {
@@ -58,6 +59,7 @@ template <int KB, bool VEC>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
   using S = Shape<KB>;
+  PD_TRACE_SCOPE(kGemvStream, rows);
   extern __shared__ __align__(128) uint8_t smem[];
   const Ring<S> ring(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
@@ -86,11 +88,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Consumers: the activations' fragments of this warp's columns, lane (g, q) holding row g.
   pdl_wait();
+  PD_TRACE_STAMP(0);
   const int g = lane >> 2, q = lane & 3;
   const bool has_row = g < rows;
   const float* xr = x + (has_row ? g : 0) * xs;
   uint32_t frag[S::kChunks][S::kBlocks32][8];
   load_fragments<S, VEC>(xr, has_row, warp, q, frag);
+  PD_TRACE_STAMP(1);
   const int col = column_bytes<S>(warp, q);
   int f = 0;
   int buf = 0, i = 0;
@@ -100,6 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     publish(ring.part, buf, warp, lane, acc);
     store_tile(t, ring.part, buf, tile, &i, rows);
     buf ^= 1;
+    if (tile == tile_begin) PD_TRACE_STAMP(2);
   }
 }
 
@@ -108,6 +113,7 @@ template <int KB, int PPS, bool VEC>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_affine_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
   using S = AffineShape<KB>;
+  PD_TRACE_SCOPE(kGemvStreamAffine, rows);
   extern __shared__ __align__(128) uint8_t smem[];
   const Ring<S> ring(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
@@ -159,6 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename S, auto Kernel>
 void launch_stream_kernel(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   static const int sms = prepare_kernel<S>(Kernel);
+  PD_TRACE_ENSURE();
   const int64_t tiles = t.tile_end[t.count - 1];
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
   launch_pdl(Kernel, dim3(grid), dim3(kThreads), S::kSmemBytes, stream, t, x, xs, rows);

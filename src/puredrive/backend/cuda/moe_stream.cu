@@ -36,6 +36,7 @@
 
 #include "puredrive/backend/cuda/moe_route.cuh"
 #include "puredrive/backend/cuda/stream_affine.cuh"
+#include "puredrive/backend/cuda/trace.cuh"
 
 namespace pd::cuda {
 namespace {
@@ -119,13 +120,17 @@ __device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, in
     }
   }
   consumers_sync();
+  if (threadIdx.x == 0) PD_TRACE_CLK(1);
   if (threadIdx.x == 0) grid_barrier(m.router_ticket);
+  if (threadIdx.x == 0) PD_TRACE_CLK(2);
   consumers_sync();
   if (warp < a.rows)
     route_row(a.logits + static_cast<int64_t>(warp) * E, E, K, m.norm_topk, rt->sel + warp * K,
               rt->wts + warp * K);
+  if (threadIdx.x == 0) PD_TRACE_CLK(3);
   list_used_experts(rt->sel, a.rows * K, E, kConsumers * 32, rt->bits, rt->before, rt->used, &rt->count,
                     [] { consumers_sync(); });
+  if (threadIdx.x == 0) PD_TRACE_CLK(4);
   if (blockIdx.x == 0) {
     for (int i = static_cast<int>(threadIdx.x); i < a.rows * K; i += kConsumers * 32) {
       a.sel[i] = rt->sel[i];
@@ -276,6 +281,7 @@ __device__ __forceinline__ UpTile up_tile(int64_t t, int shared_tiles, int tiles
 template <typename W>
 __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
   using S = typename W::S;
+  PD_TRACE_SCOPE(kMoeUp, a.rows);
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ SlotTable table;
   __shared__ Route route;
@@ -285,6 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int shared_tiles = m.shared_inter / 8, tiles = m.inter / 8;
   const int64_t G = gridDim.x;
+  PD_TRACE_CLEAR();
   if (threadIdx.x == 0) ring.init();
   __syncthreads();
   pdl_launch_dependents();
@@ -309,14 +316,17 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   const int64_t router_row = blockIdx.x + G * warp;
   if (router_row < m.experts) prefetch_row_l2(m.router, m.router.data, router_row, lane);
   pdl_wait();
+  PD_TRACE_STAMP(0);
   if constexpr (W::kRouterFmt == static_cast<int>(WFmt::kAffine)) {
     route_chunk_out_of_line<W::kRouterFmt>(a, warp, lane, &route);
   } else {
     route_chunk<W::kRouterFmt>(a, warp, lane, &route);
   }
+  PD_TRACE_STAMP(5);
   route_ready_arrive();
   const int count = route.count;
   build_slots(a, route.sel, route.wts, route.used, count, &table);
+  PD_TRACE_STAMP(6);
   const int g = lane >> 2, q = lane & 3;
   typename W::X x;
   {
@@ -324,6 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     W::load_raw(g < a.rows ? a.x + g * a.xs : nullptr, aligned_rows(a.x, a.xs), warp, q, v);
     W::make(v, q, x);
   }
+  PD_TRACE_STAMP(7);
   const int64_t total = shared_tiles + static_cast<int64_t>(count) * tiles;
   int f = 0;
   int buf = 0;
@@ -344,7 +355,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
       }
     }
     buf ^= 1;
+    if (t == blockIdx.x) PD_TRACE_STAMP(8);
+    if (t == blockIdx.x + G) PD_TRACE_STAMP(9);
   }
+  PD_TRACE_STAMP(10);
+  for (int i = 1; i <= 4; ++i) PD_TRACE_ADOPT(i);
 }
 
 // The activations of expert item j of the down kernel (j = 0: the shared expert, else used expert j - 1) for
@@ -363,6 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     moe_down_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
   using S = typename W::S;
   static_assert(S::kCols == 512, "down products of one 512-column row");
+  PD_TRACE_SCOPE(kMoeDown, a.rows);
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ SlotTable table;
   const Ring<S> ring(smem);
@@ -393,8 +409,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   pdl_wait();
+  PD_TRACE_STAMP(0);
   const int count = *a.count;
   build_slots(a, a.sel, a.wts, a.used, count, &table);
+  PD_TRACE_STAMP(1);
   const int g = lane >> 2, q = lane & 3;
   const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
   const bool owner = threadIdx.x < kTile * 8;  // of output (column tile row off, step row r)
@@ -430,6 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <typename W>
 void launch_kernel(void (*kernel)(MoeStreamArgs), const MoeStreamArgs& a, int blocks, cudaStream_t stream) {
+  PD_TRACE_ENSURE();
   launch_pdl(kernel, dim3(blocks), dim3(kThreads), W::S::kSmemBytes, stream, a);
 }
 

@@ -2,6 +2,7 @@
 // lookup, RMSNorm, add, argmax.
 #include "puredrive/backend/cuda/common.cuh"
 #include "puredrive/backend/cuda/gemv_mma.h"
+#include "puredrive/backend/cuda/trace.cuh"
 
 namespace pd::cuda {
 namespace {
@@ -217,7 +218,9 @@ bool aligned_rows(const float* x, int64_t xs) {
 
 // Out-of-range token ids give a zero row (the model validates ids before upload).
 __global__ void embed_kernel(DevMatrix table, const int32_t* tokens, int64_t ts, float* out, int64_t os) {
+  PD_TRACE_SCOPE(kEmbed, gridDim.x);
   pdl_enter();
+  PD_TRACE_STAMP(0);
   const int r = static_cast<int>(blockIdx.x);
   const int32_t id = tokens[r * ts];
   float* o = out + r * os;
@@ -237,7 +240,9 @@ constexpr int kNormRegs = 8;
 
 __global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int n, float eps, float* out,
                                 int64_t os) {
+  PD_TRACE_SCOPE(kRmsNorm, gridDim.x);
   pdl_enter();
+  PD_TRACE_STAMP(0);
   __shared__ float red[32];
   const float* xr = x + blockIdx.x * xs;
   float* o = out + blockIdx.x * os;
@@ -324,7 +329,9 @@ constexpr int kArgmaxSliceBlock = 256;
 
 __global__ void __launch_bounds__(kArgmaxSliceBlock)
     argmax_slices_kernel(const float* x, int64_t xs, int n, int slice, float* pv, int* pi) {
+  PD_TRACE_SCOPE(kArgmaxSlices, gridDim.y);
   pdl_enter();
+  PD_TRACE_STAMP(0);
   __shared__ float sv[32];
   __shared__ int si[32];
   const int r = static_cast<int>(blockIdx.y);
@@ -354,7 +361,9 @@ __global__ void __launch_bounds__(kArgmaxSliceBlock)
 
 __global__ void argmax_merge_kernel(const float* pv, const int* pi, int slices, int n, int32_t* out,
                                     int64_t os) {
+  PD_TRACE_SCOPE(kArgmaxMerge, gridDim.x);
   pdl_enter();
+  PD_TRACE_STAMP(0);
   const int r = static_cast<int>(blockIdx.x);
   const int lane = static_cast<int>(threadIdx.x);
   float v = -INFINITY;
@@ -381,6 +390,7 @@ void launch_argmax_wide(const float* x, int64_t xs, int n, int32_t* out, int64_t
   const int slice = (n + slices - 1) / slices;
   float* pv = static_cast<float*>(scratch);
   int* pi = reinterpret_cast<int*>(pv + static_cast<int64_t>(rows) * slices);
+  PD_TRACE_ENSURE();
   launch_pdl(argmax_slices_kernel, dim3(slices, rows), dim3(kArgmaxSliceBlock), 0, stream, x, xs, n, slice,
              pv, pi);
   launch_pdl(argmax_merge_kernel, dim3(rows), dim3(32), 0, stream, pv, pi, slices, n, out, os);
@@ -448,11 +458,13 @@ void launch_gemv_multi(const GemvMulti& g, const float* x, int64_t xs, int rows,
 
 void launch_embed(const DevMatrix& table, const int32_t* tokens, int64_t ts, float* out, int64_t os, int rows,
                   cudaStream_t stream) {
+  PD_TRACE_ENSURE();
   launch_pdl(embed_kernel, dim3(rows), dim3(kBlock), 0, stream, table, tokens, ts, out, os);
 }
 
 void launch_rms_norm(const float* x, int64_t xs, const float* w, int n, float eps, float* out, int64_t os,
                      int rows, cudaStream_t stream) {
+  PD_TRACE_ENSURE();
   launch_pdl(rms_norm_kernel, dim3(rows), dim3(kBlock), 0, stream, x, xs, w, n, eps, out, os);
 }
 
