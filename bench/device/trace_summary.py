@@ -73,20 +73,22 @@ def main():
     print(f"step span (first block start to last block end): median {statistics.median(spans) / 1e3:.1f} us")
     med = lambda xs: statistics.median(xs)
     per_kernel = defaultdict(lambda: [0, 0.0, 0.0])
-    print(f"{'#':>4} {'kernel':<20} {'blocks':>6} {'start_us':>9} {'dur_us':>7} {'gap_us':>7} {'blk_us':>7}")
+    # adds_us: how much later this launch ends than every launch before it (its share of the step's critical path).
+    print(f"{'#':>4} {'kernel':<20} {'blocks':>6} {'start_us':>9} {'dur_us':>7} {'gap_us':>7} {'blk_us':>7} "
+          f"{'adds_us':>7}")
     for i in range(n):
         k = keep[0][i]["kernel"]
         start = med([s[i]["t0"] - s[0]["t0"] for s in keep]) / 1e3
         dur = med([s[i]["t1"] - s[i]["t0"] for s in keep]) / 1e3
         gap = med([s[i]["t0"] - max(l["t1"] for l in s[:i]) if i else 0 for s in keep]) / 1e3
         blk = med([med([r[1] - r[0] for r in s[i]["recs"]]) for s in keep]) / 1e3
+        adds = med([s[i]["t1"] - max(l["t1"] for l in s[:i]) if i else s[0]["t1"] - s[0]["t0"] for s in keep]) / 1e3
         per_kernel[k][0] += 1
         per_kernel[k][1] += dur
-        per_kernel[k][2] += gap
-        if True:
-            print(f"{i:>4} {NAMES.get(k, k):<20} {keep[0][i]['blocks']:>6} {start:>9.1f} {dur:>7.2f} {gap:>7.2f} "
-                  f"{blk:>7.2f}")
-    print("per kernel: launches, sum of durations (us), sum of gaps since the previous launch's end (us)")
+        per_kernel[k][2] += adds
+        print(f"{i:>4} {NAMES.get(k, k):<20} {keep[0][i]['blocks']:>6} {start:>9.1f} {dur:>7.2f} {gap:>7.2f} "
+              f"{blk:>7.2f} {adds:>7.2f}")
+    print("per kernel: launches, sum of durations (us), sum of critical-path shares (adds_us)")
     for k, (c, d, g) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1]):
         print(f"  {NAMES.get(k, k):<20} {c:>4} {d:>9.1f} {g:>9.1f}")
     for k, names in PHASES.items():
