@@ -35,16 +35,19 @@ __device__ void route_row_regs(const float* logits, int E, int K, bool norm, int
   for (int off = 16; off > 0; off >>= 1) sum = sum + __shfl_xor_sync(0xffffffffu, sum, off);
 #pragma unroll
   for (int j = 0; j < EPL; ++j) p[j] = lane + 32 * j < E ? p[j] / sum : -1.0f;
-  // Round i's winner is kept by lane i.
+  // Round i's winner is kept by lane i. The lane's winners so far are bits of `taken`, not overwritten
+  // probabilities: p stays in registers (written in the loop, it went to local memory, about 7 us per route).
   int my_id = E;
   float my_p = 0.0f;
+  uint32_t taken = 0;
   for (int i = 0; i < K; ++i) {
     float bv = -1.0f;
     int bj = 0;
 #pragma unroll
     for (int j = 0; j < EPL; ++j) {
-      if (p[j] > bv) {  // ascending j: the lowest id wins a tie within the lane
-        bv = p[j];
+      const float pj = (taken >> j) & 1u ? -1.0f : p[j];
+      if (pj > bv) {  // ascending j: the lowest id wins a tie within the lane
+        bv = pj;
         bj = j;
       }
     }
@@ -58,12 +61,7 @@ __device__ void route_row_regs(const float* logits, int E, int K, bool norm, int
         bi = i2;
       }
     }
-    if ((bi & 31) == lane) {
-#pragma unroll
-      for (int j = 0; j < EPL; ++j) {
-        if (j == (bi >> 5)) p[j] = -1.0f;
-      }
-    }
+    if (bi < E && (bi & 31) == lane) taken |= 1u << (bi >> 5);
     if (lane == i) {
       my_id = bi;
       my_p = bv;
