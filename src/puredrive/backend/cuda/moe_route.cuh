@@ -6,10 +6,14 @@
 
 namespace pd::cuda {
 
-// The softmax of route_row_regs: lane l's probabilities of experts l + 32 j in p (-1 past E).
+// Routes one row with one warp (spec §6): fp32 softmax over the E <= 32 EPL logits, top-k by (probability
+// desc, id asc), weights renormalised in selection order when norm, written to sel/wts sorted by expert id
+// (the order in which the combine sums). Lane l holds experts l + 32 j in registers; every reduction is
+// lane-strided in j order then an xor butterfly, so the result depends only on the row.
 template <int EPL>
-__device__ __forceinline__ void row_probabilities(const float* logits, int E, float (&p)[EPL]) {
+__device__ void route_row_regs(const float* logits, int E, int K, bool norm, int* sel, float* wts) {
   const int lane = static_cast<int>(threadIdx.x & 31);
+  float p[EPL];
   float mx = -INFINITY;
 #pragma unroll
   for (int j = 0; j < EPL; ++j) {
@@ -31,19 +35,8 @@ __device__ __forceinline__ void row_probabilities(const float* logits, int E, fl
   for (int off = 16; off > 0; off >>= 1) sum = sum + __shfl_xor_sync(0xffffffffu, sum, off);
 #pragma unroll
   for (int j = 0; j < EPL; ++j) p[j] = lane + 32 * j < E ? p[j] / sum : -1.0f;
-}
-
-// Routes one row with one warp (spec §6): fp32 softmax over the E <= 32 EPL logits, top-k by (probability
-// desc, id asc), weights renormalised in selection order when norm, written to sel/wts sorted by expert id
-// (the order in which the combine sums). Lane l holds experts l + 32 j in registers; every reduction is
-// lane-strided in j order then an xor butterfly, so the result depends only on the row.
-template <int EPL>
-__device__ void route_row_regs(const float* logits, int E, int K, bool norm, int* sel, float* wts) {
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  float p[EPL];
-  row_probabilities<EPL>(logits, E, p);
   // Round i's winner is kept by lane i. The lane's winners so far are bits of `taken`, not overwritten
-  // probabilities, so p stays in registers (overwritten in the loop, it went to local memory).
+  // probabilities: p stays in registers (written in the loop, it went to local memory, about 7 us per route).
   int my_id = E;
   float my_p = 0.0f;
   uint32_t taken = 0;

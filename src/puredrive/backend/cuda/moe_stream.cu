@@ -72,12 +72,10 @@ __device__ void build_slots(const MoeStreamArgs& a, const int* sel, const float*
   consumers_sync();
 }
 
-// A block's copy of the route (cand_id/cand_p: route_rows_ranked's selection in selection order).
+// A block's copy of the route.
 struct Route {
   int sel[kMaxRows * kStreamTopK];
   float wts[kMaxRows * kStreamTopK];
-  int cand_id[kMaxRows * kStreamTopK];
-  float cand_p[kMaxRows * kStreamTopK];
   int used[kMaxSlots];
   int count;
   uint32_t bits[kMaxExpertWords];
@@ -101,63 +99,12 @@ __device__ void grid_barrier(int* bar) {
   __threadfence();
 }
 
-// Floats of scratch (the ring's partials, free until the first tile) that route_rows_ranked takes: rows x
-// experts.
-constexpr int kRankedProbs = 2 * kConsumers * 32 * 4;
-
-// Routes the chunk's rows with all consumer warps; the result is route_row's, bitwise. Warp r computes row
-// r's probabilities as route_row does (row_probabilities) into prob [rows][E]; each (row, expert) then counts
-// the experts that beat it by (probability desc, id asc): the K it beats least are route_row's selection, in
-// its order. The weights are summed in that order and written by id as route_row writes them. Why:
-// route_row's K dependent rounds of shuffles in one warp took 6.4 us per launch, of which 0.2 us were the L2
-// read of the logits (trace build, bench/results/2026-12-02-h200-28ae29f-trace.md). E <= 256, rows * E <=
-// kRankedProbs.
-__device__ void route_rows_ranked(const float* logits, int rows, int E, int K, bool norm, float* prob,
-                                  Route* rt, int warp, int lane) {
-  if (warp < rows) {
-    float p[8];
-    row_probabilities<8>(logits + static_cast<int64_t>(warp) * E, E, p);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if (lane + 32 * j < E) prob[warp * E + lane + 32 * j] = p[j];
-    }
-  }
-  consumers_sync();
-  for (int i = static_cast<int>(threadIdx.x); i < rows * E; i += kConsumers * 32) {
-    const int r = i / E, e = i - r * E;
-    const float* pr = prob + r * E;
-    const float pe = pr[e];
-    int beaten_by = 0;
-    for (int o = 0; o < E && beaten_by < K; ++o) {
-      const float v = pr[o];
-      beaten_by += (v > pe || (v == pe && o < e)) ? 1 : 0;
-    }
-    if (beaten_by < K) {
-      rt->cand_id[r * K + beaten_by] = e;
-      rt->cand_p[r * K + beaten_by] = pe;
-    }
-  }
-  consumers_sync();
-  if (warp < rows && lane < K) {
-    const int* ids = rt->cand_id + warp * K;
-    const float* ps = rt->cand_p + warp * K;
-    float top = 0.0f;  // in selection order
-    for (int i = 0; i < K; ++i) top += ps[i];
-    const int my_id = ids[lane];
-    int rank = 0;
-    for (int i = 0; i < K; ++i) rank += ids[i] < my_id ? 1 : 0;
-    rt->sel[warp * K + rank] = my_id;
-    rt->wts[warp * K + rank] = norm ? ps[lane] / top : ps[lane];
-  }
-}
-
 // The consumer warps of every block: router outputs (warp w of block b computes output b + G w), the grid
 // barrier, then the block's own routing of every row into *rt. Block 0 also writes the route for the down
 // kernel. RF: the router's format, bf16 or affine 8-bit (the experts'); its activation loads are scalar, so
 // the kernel needs no variant for unaligned rows.
 template <int RF>
-__device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* rt,
-                                            float* scratch) {
+__device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
   const MoeLaunch& m = a.m;
   const int E = m.experts, K = m.top_k;
   const int64_t n = blockIdx.x + static_cast<int64_t>(gridDim.x) * warp;
@@ -177,12 +124,9 @@ __device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, in
   if (threadIdx.x == 0) grid_barrier(m.router_ticket);
   if (threadIdx.x == 0) PD_TRACE_CLK(2);
   consumers_sync();
-  if (E <= 256 && a.rows * E <= kRankedProbs) {
-    route_rows_ranked(a.logits, a.rows, E, K, m.norm_topk, scratch, rt, warp, lane);
-  } else if (warp < a.rows) {
+  if (warp < a.rows)
     route_row(a.logits + static_cast<int64_t>(warp) * E, E, K, m.norm_topk, rt->sel + warp * K,
               rt->wts + warp * K);
-  }
   if (threadIdx.x == 0) PD_TRACE_CLK(3);
   list_used_experts(rt->sel, a.rows * K, E, kConsumers * 32, rt->bits, rt->before, rt->used, &rt->count,
                     [] { consumers_sync(); });
@@ -203,9 +147,8 @@ __device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, in
 // The affine router's products need more registers than the experts' loop: out of line, so that their
 // spills stay in the router (measured: spills in every affine gate/up kernel when inline).
 template <int RF>
-__device__ __noinline__ void route_chunk_out_of_line(const MoeStreamArgs& a, int warp, int lane, Route* rt,
-                                                     float* scratch) {
-  route_chunk<RF>(a, warp, lane, rt, scratch);
+__device__ __noinline__ void route_chunk_out_of_line(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
+  route_chunk<RF>(a, warp, lane, rt);
 }
 
 // The consumers tell the producer that *rt holds the route (named barrier 2: arrive here, sync there).
@@ -374,11 +317,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   if (router_row < m.experts) prefetch_row_l2(m.router, m.router.data, router_row, lane);
   pdl_wait();
   PD_TRACE_STAMP(0);
-  float* scratch = reinterpret_cast<float*>(ring.part);  // free until the first tile's partials
   if constexpr (W::kRouterFmt == static_cast<int>(WFmt::kAffine)) {
-    route_chunk_out_of_line<W::kRouterFmt>(a, warp, lane, &route, scratch);
+    route_chunk_out_of_line<W::kRouterFmt>(a, warp, lane, &route);
   } else {
-    route_chunk<W::kRouterFmt>(a, warp, lane, &route, scratch);
+    route_chunk<W::kRouterFmt>(a, warp, lane, &route);
   }
   PD_TRACE_STAMP(5);
   route_ready_arrive();
