@@ -36,7 +36,7 @@ __device__ void route_row_regs(const float* logits, int E, int K, bool norm, int
 #pragma unroll
   for (int j = 0; j < EPL; ++j) p[j] = lane + 32 * j < E ? p[j] / sum : -1.0f;
   // Round i's winner is kept by lane i. The lane's winners so far are bits of `taken`, not overwritten
-  // probabilities: p stays in registers (written in the loop, it went to local memory, about 7 us per route).
+  // probabilities, so p stays in registers (overwritten in the loop, it went to local memory).
   int my_id = E;
   float my_p = 0.0f;
   uint32_t taken = 0;

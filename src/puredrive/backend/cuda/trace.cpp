@@ -13,7 +13,6 @@ namespace pd {
 namespace cuda::trace {
 namespace {
 Buffer g_buffer;
-int* g_enabled = nullptr;
 
 void dump() {
   unsigned long long next = 0;
@@ -40,10 +39,9 @@ Buffer host_buffer() {
   if (g_buffer.rec == nullptr) {
     cudaMalloc(&g_buffer.rec, kCapacity * sizeof(Record));
     cudaMalloc(&g_buffer.next, sizeof(unsigned long long));
-    cudaMalloc(&g_enabled, sizeof(int));
+    cudaMalloc(&g_buffer.enabled, sizeof(int));
     cudaMemset(g_buffer.next, 0, sizeof(unsigned long long));
-    cudaMemset(g_enabled, 0, sizeof(int));
-    g_buffer.enabled = g_enabled;
+    cudaMemset(g_buffer.enabled, 0, sizeof(int));
     std::atexit(dump);
   }
   return g_buffer;
@@ -55,7 +53,7 @@ void cuda_trace_window(bool open) {
   const int on = open ? 1 : 0;
   cudaDeviceSynchronize();
   if (open) cudaMemset(b.next, 0, sizeof(unsigned long long));
-  cudaMemcpy(cuda::trace::g_enabled, &on, sizeof on, cudaMemcpyHostToDevice);
+  cudaMemcpy(b.enabled, &on, sizeof on, cudaMemcpyHostToDevice);
 }
 #else
 namespace cuda::trace {

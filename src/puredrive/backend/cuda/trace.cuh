@@ -42,7 +42,7 @@ constexpr int kStamps = 13;
 struct Buffer {
   Record* rec = nullptr;
   unsigned long long* next = nullptr;
-  const int* enabled = nullptr;  // records are written only while a window is open (cuda_trace_window)
+  int* enabled = nullptr;  // records are written only while a window is open (cuda_trace_window)
 };
 constexpr uint64_t kCapacity = uint64_t{1} << 22;
 
