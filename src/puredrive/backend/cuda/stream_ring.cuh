@@ -203,42 +203,68 @@ __device__ __forceinline__ float tile_output(const float4* part, int buf, int of
   return sum;
 }
 
-// A stream kernel's input rows after its RowNorm, computed by the consumer warps after the previous kernel
-// (pdl_wait): rows [0, rows) of x normalised into this block's part of nm.scratch, which is returned (row
-// stride n). Bitwise as rms_norm_kernel (ops_dense.cu) computes them: its 256 threads' sums of squares
-// (thread t: fmaf over x[t], x[t + 256], ... in order), a butterfly in each warp, its 8 warps' sums in order,
-// then (x * inv) * w. Reading the rows back from global memory lets the router's products (which read whole
-// rows) and the tiles' fragments (a warp's columns) share one copy. red: kNormRed floats of shared memory.
+// A stream kernel's input rows after its RowNorm, for rows of N entries, computed by the consumer warps: rows
+// [0, rows) of x normalised into this block's part of nm.scratch, which apply() returns (row stride N).
+// Bitwise as rms_norm_kernel (ops_dense.cu) computes them: its 256 threads' sums of squares (thread t: fmaf
+// over x[t], x[t + 256], ... in order), a butterfly in each warp, its 8 warps' sums in order, then
+// (x * inv) * w. Reading the rows back from memory lets the router's products (which read whole rows) and
+// the tiles' fragments (a warp's columns) share one copy. Every load of a pass is issued at once (unrolled
+// into registers): a loop of dependent loads cost a microsecond per round trip. red: kNormRed floats of
+// shared memory.
 constexpr int kNormThreads = 256;
 constexpr int kNormWarps = kNormThreads / 32;
 constexpr int kNormRed = kNormWarps * kMaxRows;
-__device__ __forceinline__ void prefetch_norm_weight(const RowNorm& nm, int n) {
-  const int t = static_cast<int>(threadIdx.x);
-  if (nm.weight != nullptr && t * 32 < n)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(nm.weight + 32 * t));
-}
-__device__ __forceinline__ const float* normalize_rows(const RowNorm& nm, const float* x, int64_t xs,
-                                                       int rows, int n, float* red) {
-  const int t = static_cast<int>(threadIdx.x);
-  for (int r = t / kNormThreads; r < rows; r += kConsumers * 32 / kNormThreads) {
-    const float* xr = x + r * xs;
-    float s = 0.0f;
-    for (int i = t % kNormThreads; i < n; i += kNormThreads) s = fmaf(xr[i], xr[i], s);
+template <int N>
+struct RowNormer {
+  static constexpr int kSumLoads = (N + kNormThreads - 1) / kNormThreads;  // per thread and row
+  static constexpr int kThreads = kConsumers * 32;
+  static constexpr int kOutLoads = (N + kThreads - 1) / kThreads;
+  float w[kOutLoads];  // the thread's norm weights: entries t, t + kThreads, ...
+
+  // Before pdl_wait: the weights are constant.
+  __device__ explicit RowNormer(const RowNorm& nm) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if ((t & 31) == 0) red[r * kNormWarps + (t % kNormThreads) / 32] = s;
+    for (int j = 0; j < kOutLoads; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+      w[j] = nm.weight != nullptr && i < N ? nm.weight[i] : 0.0f;
+    }
   }
-  consumers_sync();
-  float* out = nm.scratch + static_cast<int64_t>(blockIdx.x) * kMaxRows * n;
-  for (int r = 0; r < rows; ++r) {
-    float total = red[r * kNormWarps];
-    for (int w = 1; w < kNormWarps; ++w) total = total + red[r * kNormWarps + w];
-    const float inv = 1.0f / sqrtf(total / static_cast<float>(n) + nm.eps);
-    for (int i = t; i < n; i += kConsumers * 32) out[r * n + i] = (x[r * xs + i] * inv) * nm.weight[i];
+
+  __device__ const float* apply(const RowNorm& nm, const float* x, int64_t xs, int rows, float* red) const {
+    const int t = static_cast<int>(threadIdx.x), role = t % kNormThreads;
+    for (int r = t / kNormThreads; r < rows; r += kThreads / kNormThreads) {
+      const float* xr = x + r * xs;
+      float v[kSumLoads];
+#pragma unroll
+      for (int j = 0; j < kSumLoads; ++j)
+        v[j] = role + j * kNormThreads < N ? xr[role + j * kNormThreads] : 0.0f;
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSumLoads; ++j) {
+        if (role + j * kNormThreads < N) s = fmaf(v[j], v[j], s);
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if ((t & 31) == 0) red[r * kNormWarps + role / 32] = s;
+    }
+    consumers_sync();
+    float* out = nm.scratch + static_cast<int64_t>(blockIdx.x) * kMaxRows * N;
+    for (int r = 0; r < rows; ++r) {
+      float total = red[r * kNormWarps];
+      for (int k = 1; k < kNormWarps; ++k) total = total + red[r * kNormWarps + k];
+      const float inv = 1.0f / sqrtf(total / static_cast<float>(N) + nm.eps);
+      float v[kOutLoads];
+#pragma unroll
+      for (int j = 0; j < kOutLoads; ++j) v[j] = t + j * kThreads < N ? x[r * xs + t + j * kThreads] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kOutLoads; ++j) {
+        if (t + j * kThreads < N) out[r * N + t + j * kThreads] = (v[j] * inv) * w[j];
+      }
+    }
+    consumers_sync();  // the block's stores are visible to its consumer threads after the barrier
+    return out;
   }
-  consumers_sync();  // the block's stores are visible to its consumer threads after the barrier
-  return out;
-}
+};
 
 // Raises a stream kernel's dynamic shared-memory limit (once per kernel); returns the number of SMs.
 template <typename S, typename K>
