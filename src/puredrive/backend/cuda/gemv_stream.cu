@@ -89,11 +89,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Consumers: the activations' fragments of this warp's columns, lane (g, q) holding row g.
   __shared__ float red[kNormRed];
-  const RowNormer<S::kCols> normer(norm);
+  prefetch_norm_weight(norm, S::kCols);
   pdl_wait();
   PD_TRACE_STAMP(0);
   if (norm.weight != nullptr) {
-    x = normer.apply(norm, x, xs, rows, red);
+    x = normalize_rows<S::kCols>(norm, x, xs, rows, red);
     xs = S::kCols;
   }
   const int g = lane >> 2, q = lane & 3;
@@ -151,10 +151,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   __shared__ float red[kNormRed];
-  const RowNormer<S::kCols> normer(norm);
+  prefetch_norm_weight(norm, S::kCols);
   pdl_wait();
   if (norm.weight != nullptr) {
-    x = normer.apply(norm, x, xs, rows, red);
+    x = normalize_rows<S::kCols>(norm, x, xs, rows, red);
     xs = S::kCols;
   }
   const int g = lane >> 2, q = lane & 3;

@@ -318,13 +318,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   const int64_t router_row = blockIdx.x + G * warp;
   if (router_row < m.experts) prefetch_row_l2(m.router, m.router.data, router_row, lane);
   __shared__ float red[kNormRed];
-  const RowNormer<S::kCols> normer(m.norm);  // the experts' width is the hidden size
+  prefetch_norm_weight(m.norm, S::kCols);  // the experts' width is the hidden size
   pdl_wait();
   PD_TRACE_STAMP(0);
   const float* in = a.x;  // the input rows, after the norm when the kernel applies one
   int64_t ins = a.xs;
   if (m.norm.weight != nullptr) {
-    in = normer.apply(m.norm, a.x, a.xs, a.rows, red);
+    in = normalize_rows<S::kCols>(m.norm, a.x, a.xs, a.rows, red);
     ins = S::kCols;
   }
   if constexpr (W::kRouterFmt == static_cast<int>(WFmt::kAffine)) {

@@ -208,63 +208,92 @@ __device__ __forceinline__ float tile_output(const float4* part, int buf, int of
 // Bitwise as rms_norm_kernel (ops_dense.cu) computes them: its 256 threads' sums of squares (thread t: fmaf
 // over x[t], x[t + 256], ... in order), a butterfly in each warp, its 8 warps' sums in order, then
 // (x * inv) * w. Reading the rows back from memory lets the router's products (which read whole rows) and
-// the tiles' fragments (a warp's columns) share one copy. Every load of a pass is issued at once (unrolled
-// into registers): a loop of dependent loads cost a microsecond per round trip. red: kNormRed floats of
-// shared memory.
+// the tiles' fragments (a warp's columns) share one copy. Every load of a pass, for every row, is issued at
+// once (unrolled into registers): loops of dependent loads cost a round trip each, and made a 3-row verify
+// step relatively dearer (R=3/R=1 1.36 -> 1.39, bf16). red: kNormRed floats of shared memory.
 constexpr int kNormThreads = 256;
 constexpr int kNormWarps = kNormThreads / 32;
 constexpr int kNormRed = kNormWarps * kMaxRows;
+constexpr int kNormRegs = 32;  // loads in flight per thread and pass (more made the 4096-wide kernels spill)
+
+// Before pdl_wait (the weights are constant): the norm weights into L2, a line per thread.
+__device__ __forceinline__ void prefetch_norm_weight(const RowNorm& nm, int n) {
+  const int t = static_cast<int>(threadIdx.x);
+  if (nm.weight != nullptr && t * 32 < n)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(nm.weight + 32 * t));
+}
+
 template <int N>
-struct RowNormer {
-  static constexpr int kSumLoads = (N + kNormThreads - 1) / kNormThreads;  // per thread and row
-  static constexpr int kThreads = kConsumers * 32;
-  static constexpr int kOutLoads = (N + kThreads - 1) / kThreads;
-  float w[kOutLoads];  // the thread's norm weights: entries t, t + kThreads, ...
-
-  // Before pdl_wait: the weights are constant.
-  __device__ explicit RowNormer(const RowNorm& nm) {
+__device__ __noinline__ const float* normalize_rows(const RowNorm& nm, const float* x, int64_t xs,
+                                                       int rows, float* red) {
+  constexpr int kThreads = kConsumers * 32;
+  constexpr int kSumLoads = (N + kNormThreads - 1) / kNormThreads;                 // per thread and row
+  constexpr int kHalves = kThreads / kNormThreads;                                 // rows summed side by side
+  constexpr int kSumRows = kNormRegs / kSumLoads > 0 ? kNormRegs / kSumLoads : 1;  // per thread at once
+  constexpr int kOutLoads = (N + kThreads - 1) / kThreads;
+  constexpr int kOutRows = kNormRegs / kOutLoads > 1 ? kNormRegs / kOutLoads - 1 : 1;  // and the weights
+  const int t = static_cast<int>(threadIdx.x), role = t % kNormThreads;
+  // Pass 1: row r's sum of squares by the threads of half r % kHalves.
+#pragma unroll 1
+  for (int r0 = t / kNormThreads; r0 < rows; r0 += kHalves * kSumRows) {
+    float v[kSumRows][kSumLoads];
 #pragma unroll
-    for (int j = 0; j < kOutLoads; ++j) {
-      const int i = static_cast<int>(threadIdx.x) + j * kThreads;
-      w[j] = nm.weight != nullptr && i < N ? nm.weight[i] : 0.0f;
+    for (int p = 0; p < kSumRows; ++p) {
+      const float* xr = x + (r0 + kHalves * p) * xs;
+#pragma unroll
+      for (int j = 0; j < kSumLoads; ++j) {
+        const int i = role + j * kNormThreads;
+        v[p][j] = r0 + kHalves * p < rows && i < N ? xr[i] : 0.0f;
+      }
     }
-  }
-
-  __device__ const float* apply(const RowNorm& nm, const float* x, int64_t xs, int rows, float* red) const {
-    const int t = static_cast<int>(threadIdx.x), role = t % kNormThreads;
-    for (int r = t / kNormThreads; r < rows; r += kThreads / kNormThreads) {
-      const float* xr = x + r * xs;
-      float v[kSumLoads];
 #pragma unroll
-      for (int j = 0; j < kSumLoads; ++j)
-        v[j] = role + j * kNormThreads < N ? xr[role + j * kNormThreads] : 0.0f;
+    for (int p = 0; p < kSumRows; ++p) {
+      const int r = r0 + kHalves * p;
+      if (r >= rows) break;  // uniform in a warp
       float s = 0.0f;
 #pragma unroll
       for (int j = 0; j < kSumLoads; ++j) {
-        if (role + j * kNormThreads < N) s = fmaf(v[j], v[j], s);
+        if (role + j * kNormThreads < N) s = fmaf(v[p][j], v[p][j], s);
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
       if ((t & 31) == 0) red[r * kNormWarps + role / 32] = s;
     }
-    consumers_sync();
-    float* out = nm.scratch + static_cast<int64_t>(blockIdx.x) * kMaxRows * N;
-    for (int r = 0; r < rows; ++r) {
+  }
+  consumers_sync();
+  // Pass 2: entries t, t + kThreads, ... of every row.
+  float* out = nm.scratch + static_cast<int64_t>(blockIdx.x) * kMaxRows * N;
+  float w[kOutLoads];
+#pragma unroll
+  for (int j = 0; j < kOutLoads; ++j) w[j] = t + j * kThreads < N ? nm.weight[t + j * kThreads] : 0.0f;
+#pragma unroll 1
+  for (int r0 = 0; r0 < rows; r0 += kOutRows) {
+    float u[kOutRows][kOutLoads];
+#pragma unroll
+    for (int p = 0; p < kOutRows; ++p) {
+#pragma unroll
+      for (int j = 0; j < kOutLoads; ++j) {
+        const int i = t + j * kThreads;
+        u[p][j] = r0 + p < rows && i < N ? x[(r0 + p) * xs + i] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < kOutRows; ++p) {
+      const int r = r0 + p;
+      if (r >= rows) break;
       float total = red[r * kNormWarps];
       for (int k = 1; k < kNormWarps; ++k) total = total + red[r * kNormWarps + k];
       const float inv = 1.0f / sqrtf(total / static_cast<float>(N) + nm.eps);
-      float v[kOutLoads];
-#pragma unroll
-      for (int j = 0; j < kOutLoads; ++j) v[j] = t + j * kThreads < N ? x[r * xs + t + j * kThreads] : 0.0f;
 #pragma unroll
       for (int j = 0; j < kOutLoads; ++j) {
-        if (t + j * kThreads < N) out[r * N + t + j * kThreads] = (v[j] * inv) * w[j];
+        const int i = t + j * kThreads;
+        if (i < N) out[r * N + i] = (u[p][j] * inv) * w[j];
       }
     }
-    consumers_sync();  // the block's stores are visible to its consumer threads after the barrier
-    return out;
   }
-};
+  consumers_sync();  // the block's stores are visible to its consumer threads after the barrier
+  return out;
+}
 
 // Raises a stream kernel's dynamic shared-memory limit (once per kernel); returns the number of SMs.
 template <typename S, typename K>
