@@ -4,16 +4,8 @@
 #include <fmt/ranges.h>
 
 #include "puredrive/backend/cpu/cpu_backend.h"
-#include "puredrive/backend/validate.h"
 
 namespace pd {
-
-Expected<Tensor> Backend::normalized(const Tensor& x, const InputNorm& norm) {
-  if (!norm.weight.valid()) return x;
-  PD_TRY(validate_input_norm(device(), "input norm", x, norm));
-  PD_TRY(rms_norm({.x = x, .weight = norm.weight, .eps = norm.eps, .out = norm.scratch}));
-  return norm.scratch;
-}
 
 #ifdef PD_HAVE_CUDA
 // Defined by the CUDA backend (src/puredrive/backend/cuda/).

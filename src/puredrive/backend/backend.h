@@ -147,9 +147,9 @@ struct RmsNormArgs {
 // rms_norm() writes it. A backend may fuse the norm into the op's kernels (CUDA decode steps do: one launch
 // less per norm); otherwise it writes the normalised rows to `scratch` and reads them from there.
 struct InputNorm {
-  VectorId weight;  // [K]; not valid: the op reads x as it is
+  VectorId weight{};  // [K]; not valid: the op reads x as it is
   float eps = 1e-6f;
-  Tensor scratch;  // F32, x's shape; must not alias x or the op's outputs
+  Tensor scratch{};  // F32, x's shape; must not alias x or the op's outputs
 };
 
 // out = a + b elementwise; out may alias a or b.
@@ -183,7 +183,7 @@ struct MatmulsArgs {
   Tensor x;  // F32 [R, K]
   std::span<const MatmulTarget> targets;
   bool prefill = false;
-  InputNorm norm;  // applied to x first when set
+  InputNorm norm{};  // applied to x first when set
 };
 
 struct AttentionDims {
@@ -291,7 +291,7 @@ struct MoeArgs {
   Tensor out;  // F32 [R, H]; must not alias x unless norm is set (the residual stream: x = out = h)
   Accum accum = Accum::kOverwrite;
   bool prefill = false;
-  InputNorm norm;  // applied to x first when set (post_attention_layernorm)
+  InputNorm norm{};  // applied to x first when set (post_attention_layernorm)
 };
 
 // out[r] = the lowest index of the maximum of x[r] (NaN never wins).
@@ -461,8 +461,16 @@ class Backend {
 
  protected:
   // The rows an op with an InputNorm reads when it does not fuse the norm: x itself, or rms_norm(x) written
-  // to the norm's scratch.
-  Expected<Tensor> normalized(const Tensor& x, const InputNorm& norm);
+  // to the norm's scratch (rms_norm checks its shape and the weight's size; it may not be x, which the op
+  // leaves as it was).
+  Expected<Tensor> normalized(const Tensor& x, const InputNorm& norm) {
+    if (!norm.weight.valid()) return x;
+    if (norm.scratch.data == x.data) {
+      return make_error(ErrorCode::kInvalidArgument, "input norm: norm.scratch aliases x");
+    }
+    PD_TRY(rms_norm({.x = x, .weight = norm.weight, .eps = norm.eps, .out = norm.scratch}));
+    return norm.scratch;
+  }
 };
 
 // Creates the backend named in options ("cpu", or "cuda" when built with CUDA; "auto": CUDA when built with

@@ -161,7 +161,7 @@ TEST(CpuOps, MatmulsInputNormIsRmsNormThenProducts) {
   const Status shape = be->matmuls(
       {.x = xt.tensor(), .targets = targets, .norm = {.weight = nw, .scratch = scratch.row_slice(0, 2)}});
   EXPECT_EQ(shape.code(), ErrorCode::kInvalidArgument);
-  EXPECT_NE(shape.message().find("norm.scratch"), std::string::npos) << shape.message();
+  EXPECT_NE(shape.message().find("[2, 64]"), std::string::npos) << shape.message();
   EXPECT_FALSE(be->matmuls({.x = xt.tensor(),
                             .targets = targets,
                             .norm = {.weight = VectorId{99}, .scratch = scratch.tensor()}})
