@@ -5,7 +5,6 @@
 // GPU.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cmath>
 #include <random>
 
@@ -445,87 +444,6 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
           EXPECT_LE(rel_err(rows_of(got, c.hidden, r, 1), one), tol) << "R=" << R << " row " << r;
         }
       }
-    }
-  }
-}
-
-// An InputNorm applied by the op (matmuls, moe): bitwise as rms_norm into a buffer and the op reading it,
-// whether the streamed kernels fuse it (decode steps of their formats and widths) or it runs on its own
-// (other formats, wide steps); x is left as it was, and the MoE block's x may be its output (the residual
-// stream, as the decoder layer calls it).
-TEST_F(CudaOps, InputNormIsRmsNormThenOp) {
-  auto norm_of = [&](int64_t n) {
-    return gpu_->bind_vector(test::random_vector(rng_, static_cast<size_t>(n)), "n").value();
-  };
-  const std::vector<std::vector<FormatCase>> groups = {
-      {{WeightFormat::kBF16}, {WeightFormat::kBF16}},
-      {{WeightFormat::kAffine, 8, 64}, {WeightFormat::kAffine, 8, 64}},
-      {{WeightFormat::kF16}, {WeightFormat::kF16}}};
-  for (const int64_t K : {int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
-    for (const std::vector<FormatCase>& g : groups) {
-      const int64_t widths[2] = {16 * 132 + 5, 45};
-      std::vector<std::unique_ptr<test::OwnedMatrix>> ws;
-      std::vector<MatrixId> ids;
-      for (size_t i = 0; i < 2; ++i) {
-        ws.push_back(test::make_matrix(rng_, widths[i], K, g[i].format, g[i].bits, g[i].group));
-        ids.push_back(gpu_->bind_matrix(ws.back()->m).value());
-      }
-      const VectorId nw = norm_of(K);
-      for (const int R : {1, 3, 8, 11}) {
-        SCOPED_TRACE(fmt::format("matmuls {} K={} R={}", describe(g[0]), K, R));
-        const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
-        Buffer xg = device_tensor(*gpu_, DType::kF32, R, K, x);
-        Buffer scratch = device_tensor(*gpu_, DType::kF32, R, K, std::vector<float>{});
-        Buffer u = device_tensor(*gpu_, DType::kF32, R, K, std::vector<float>{});
-        std::vector<Buffer> fused, ref;
-        std::vector<MatmulTarget> ft, rt;
-        for (size_t i = 0; i < 2; ++i) {
-          fused.push_back(device_tensor(*gpu_, DType::kF32, R, widths[i], std::vector<float>{}));
-          ref.push_back(device_tensor(*gpu_, DType::kF32, R, widths[i], std::vector<float>{}));
-          ft.push_back({ids[i], fused.back().tensor()});
-          rt.push_back({ids[i], ref.back().tensor()});
-        }
-        ASSERT_TRUE(gpu_->matmuls({.x = xg.tensor(),
-                                   .targets = ft,
-                                   .norm = {.weight = nw, .eps = 1e-6f, .scratch = scratch.tensor()}})
-                        .is_ok());
-        ASSERT_TRUE(
-            gpu_->rms_norm({.x = xg.tensor(), .weight = nw, .eps = 1e-6f, .out = u.tensor()}).is_ok());
-        ASSERT_TRUE(gpu_->matmuls({.x = u.tensor(), .targets = rt}).is_ok());
-        for (size_t i = 0; i < 2; ++i) {
-          EXPECT_TRUE(
-              same_bits(download<float>(*gpu_, fused[i].tensor()), download<float>(*gpu_, ref[i].tensor())))
-              << "target " << i;
-        }
-        EXPECT_TRUE(same_bits(download<float>(*gpu_, xg.tensor()), x));
-      }
-    }
-  }
-  const FormatCase bf16{WeightFormat::kBF16}, q8{WeightFormat::kAffine, 8, 64};
-  const std::vector<std::array<FormatCase, 4>> moes = {{bf16, bf16, bf16, bf16}, {q8, q8, q8, q8}};
-  for (const std::array<FormatCase, 4>& c : moes) {
-    const int64_t H = 2048;
-    MoeFixture f = make_moe(rng_, 64, H, 512, c[0], c[1], c[2], 0, {WeightFormat::kBF16}, false, c[3]);
-    const MoeId id = gpu_->bind_moe(f.w, {.num_experts_per_tok = 8, .norm_topk_prob = true}).value();
-    const VectorId nw = norm_of(H);
-    for (const int R : {1, 3, 8, 11}) {
-      SCOPED_TRACE(fmt::format("moe {} R={}", describe(c[0]), R));
-      const std::vector<float> h0 = test::random_vector(rng_, static_cast<size_t>(R * H));
-      Buffer h = device_tensor(*gpu_, DType::kF32, R, H, h0),
-             ref = device_tensor(*gpu_, DType::kF32, R, H, h0);
-      Buffer scratch = device_tensor(*gpu_, DType::kF32, R, H, std::vector<float>{});
-      Buffer u = device_tensor(*gpu_, DType::kF32, R, H, std::vector<float>{});
-      ASSERT_TRUE(gpu_->moe({.moe = id,
-                             .x = h.tensor(),
-                             .out = h.tensor(),
-                             .accum = Accum::kAdd,
-                             .norm = {.weight = nw, .eps = 1e-6f, .scratch = scratch.tensor()}})
-                      .is_ok());
-      ASSERT_TRUE(gpu_->rms_norm({.x = ref.tensor(), .weight = nw, .eps = 1e-6f, .out = u.tensor()}).is_ok());
-      ASSERT_TRUE(gpu_->moe({.moe = id, .x = u.tensor(), .out = ref.tensor(), .accum = Accum::kAdd}).is_ok());
-      const std::vector<float> got = download<float>(*gpu_, h.tensor());
-      EXPECT_TRUE(same_bits(got, download<float>(*gpu_, ref.tensor())));
-      EXPECT_FALSE(same_bits(got, h0));
     }
   }
 }

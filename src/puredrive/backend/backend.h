@@ -142,16 +142,6 @@ struct RmsNormArgs {
   Tensor out;  // F32 [R, N]
 };
 
-// The RMSNorm an op applies to its input rows first (MatmulsArgs, MoeArgs: a decoder layer's
-// input_layernorm and post_attention_layernorm): the op computes with rms_norm(x; weight, eps), bitwise as
-// rms_norm() writes it. A backend may fuse the norm into the op's kernels (CUDA decode steps do: one launch
-// less per norm); otherwise it writes the normalised rows to `scratch` and reads them from there.
-struct InputNorm {
-  VectorId weight{};  // [K]; not valid: the op reads x as it is
-  float eps = 1e-6f;
-  Tensor scratch{};  // F32, x's shape; must not alias x or the op's outputs
-};
-
 // out = a + b elementwise; out may alias a or b.
 struct AddArgs {
   Tensor a;    // F32 [R, N]
@@ -183,7 +173,6 @@ struct MatmulsArgs {
   Tensor x;  // F32 [R, K]
   std::span<const MatmulTarget> targets;
   bool prefill = false;
-  InputNorm norm{};  // applied to x first when set
 };
 
 struct AttentionDims {
@@ -287,11 +276,10 @@ struct GatedDeltaNetArgs {
 // the decoder layer's residual add.
 struct MoeArgs {
   MoeId moe;
-  Tensor x;    // F32 [R, H]
-  Tensor out;  // F32 [R, H]; must not alias x unless norm is set (the residual stream: x = out = h)
+  Tensor x;    // F32 [R, H], post_attention_layernorm output
+  Tensor out;  // F32 [R, H]; must not alias x
   Accum accum = Accum::kOverwrite;
   bool prefill = false;
-  InputNorm norm{};  // applied to x first when set (post_attention_layernorm)
 };
 
 // out[r] = the lowest index of the maximum of x[r] (NaN never wins).
@@ -447,9 +435,8 @@ class Backend {
   virtual Status add(const AddArgs& args) = 0;
   virtual Status matmul(const MatmulArgs& args) = 0;
   virtual Status matmuls(const MatmulsArgs& args) {
-    PD_ASSIGN_OR_RETURN(const Tensor x, normalized(args.x, args.norm));
     for (const MatmulTarget& t : args.targets) {
-      PD_TRY(matmul({.w = t.w, .x = x, .out = t.out, .prefill = args.prefill}));
+      PD_TRY(matmul({.w = t.w, .x = args.x, .out = t.out, .prefill = args.prefill}));
     }
     return Status::ok();
   }
@@ -458,19 +445,6 @@ class Backend {
   virtual Status moe(const MoeArgs& args) = 0;
   virtual Status argmax(const ArgmaxArgs& args) = 0;
   virtual Status sample(const SampleArgs& args) = 0;
-
- protected:
-  // The rows an op with an InputNorm reads when it does not fuse the norm: x itself, or rms_norm(x) written
-  // to the norm's scratch (rms_norm checks its shape and the weight's size; it may not be x, which the op
-  // leaves as it was).
-  Expected<Tensor> normalized(const Tensor& x, const InputNorm& norm) {
-    if (!norm.weight.valid()) return x;
-    if (norm.scratch.data == x.data) {
-      return make_error(ErrorCode::kInvalidArgument, "input norm: norm.scratch aliases x");
-    }
-    PD_TRY(rms_norm({.x = x, .weight = norm.weight, .eps = norm.eps, .out = norm.scratch}));
-    return norm.scratch;
-  }
 };
 
 // Creates the backend named in options ("cpu", or "cuda" when built with CUDA; "auto": CUDA when built with

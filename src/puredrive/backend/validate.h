@@ -269,16 +269,6 @@ inline Status validate_add(Device device, const AddArgs& a) {
   return check_tensor_on(device, "add", "out", a.out, DType::kF32, a.a.rows, a.a.cols);
 }
 
-// An op's InputNorm, when set: its scratch has x's shape and is not x (the weight's size is checked where
-// the vector is looked up).
-inline Status validate_input_norm(Device device, const char* op, const Tensor& x, const InputNorm& n) {
-  if (!n.weight.valid()) return Status::ok();
-  PD_TRY(check_tensor_on(device, op, "norm.scratch", n.scratch, DType::kF32, x.rows, x.cols));
-  if (n.scratch.data == x.data)
-    return make_error(ErrorCode::kInvalidArgument, "{}: norm.scratch aliases x", op);
-  return Status::ok();
-}
-
 // x [R, w.cols] . w^T into out [R, w.rows] (matmul, and each target of matmuls).
 inline Status validate_product(Device device, const char* op, const Tensor& x, const Tensor& out,
                                int64_t w_rows, int64_t w_cols) {
@@ -323,13 +313,7 @@ inline Status validate_gated_attention(Device device, const GatedAttentionArgs& 
 inline Status validate_moe_args(Device device, const MoeArgs& a, int64_t hidden) {
   PD_TRY(check_tensor_on(device, "moe", "x", a.x, DType::kF32, -1, hidden));
   PD_TRY(check_tensor_on(device, "moe", "out", a.out, DType::kF32, a.x.rows, hidden));
-  PD_TRY(validate_input_norm(device, "moe", a.x, a.norm));
-  // The block reads its input rows after the norm (x, or norm.scratch) before it writes out.
-  const void* input = a.norm.weight.valid() ? a.norm.scratch.data : a.x.data;
-  if (input == a.out.data) {
-    return make_error(ErrorCode::kInvalidArgument, "moe: out aliases {}",
-                      a.norm.weight.valid() ? "norm.scratch" : "x");
-  }
+  if (a.x.data == a.out.data) return make_error(ErrorCode::kInvalidArgument, "moe: out aliases x");
   return Status::ok();
 }
 

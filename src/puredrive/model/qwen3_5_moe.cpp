@@ -187,10 +187,9 @@ class Qwen35Moe final : public Model {
                     int capacity, LogitRows logits, const char* what) const;
   Status decoder_layer(const LayerIds& w, const LayerCaches& cache, const Tensor& h, int64_t rows,
                        bool prefill);
-  // The mixers add into h; their input is norm(h).
-  Status attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& h, const InputNorm& norm,
+  Status attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& u, const Tensor& out,
                    int64_t rows, bool prefill);
-  Status gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& h, const InputNorm& norm,
+  Status gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& u, const Tensor& out,
                          int64_t rows, bool prefill);
   // The output head over `vocab` rows of `head` into the first `vocab` columns of `logits`.
   Expected<Tensor> lm_head(const Tensor& hidden, MatrixId head, int vocab, const Buffer& logits,
@@ -340,28 +339,24 @@ Status Qwen35Moe::check_rows(std::span<const int32_t> tokens, std::span<const in
 Status Qwen35Moe::decoder_layer(const LayerIds& w, const LayerCaches& cache, const Tensor& h, int64_t n,
                                 bool prefill) {
   const Tensor u = rows(ws_.u, n);
-  // The norms go to the ops that read their output (a backend may fuse them: InputNorm); the mixers' output
-  // products and the MoE block add into h themselves (Accum::kAdd): one rounding per element, as h + mix.
-  const InputNorm input_norm{.weight = w.input_layernorm, .eps = d_.eps, .scratch = u};
+  // The mixers' output products and the MoE block add into h themselves (Accum::kAdd): one rounding per
+  // element, as h + mix.
+  PD_TRY(be_.rms_norm({.x = h, .weight = w.input_layernorm, .eps = d_.eps, .out = u}));
   if (w.type == LayerType::kLinearAttention) {
-    PD_TRY(gated_delta_net(w.gdn, cache, h, input_norm, n, prefill));
+    PD_TRY(gated_delta_net(w.gdn, cache, u, h, n, prefill));
   } else {
-    PD_TRY(attention(w.attn, cache, h, input_norm, n, prefill));
+    PD_TRY(attention(w.attn, cache, u, h, n, prefill));
   }
-  return be_.moe({.moe = w.moe,
-                  .x = h,
-                  .out = h,
-                  .accum = Accum::kAdd,
-                  .prefill = prefill,
-                  .norm = {.weight = w.post_attention_layernorm, .eps = d_.eps, .scratch = u}});
+  PD_TRY(be_.rms_norm({.x = h, .weight = w.post_attention_layernorm, .eps = d_.eps, .out = u}));
+  return be_.moe({.moe = w.moe, .x = u, .out = h, .accum = Accum::kAdd, .prefill = prefill});
 }
 
-// Gated attention (spec §4): h += o_proj((softmax(q k^T / sqrt(D)) v) * sigmoid(gate)), q/k/v from norm(h).
-Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& h,
-                            const InputNorm& norm, int64_t n, bool prefill) {
+// Gated attention (spec §4): out = o_proj((softmax(q k^T / sqrt(D)) v) * sigmoid(gate)).
+Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& u,
+                            const Tensor& out, int64_t n, bool prefill) {
   const Tensor qg = rows(ws_.qg, n), k = rows(ws_.k, n), v = rows(ws_.v, n), a = rows(ws_.attn, n);
   const MatmulTarget proj[] = {{w.q_proj, qg}, {w.k_proj, k}, {w.v_proj, v}};
-  PD_TRY(be_.matmuls({.x = h, .targets = proj, .prefill = prefill, .norm = norm}));
+  PD_TRY(be_.matmuls({.x = u, .targets = proj, .prefill = prefill}));
   PD_TRY(be_.gated_attention({.dims = d_.attn,
                               .qg = qg,
                               .k = k,
@@ -374,17 +369,16 @@ Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, con
                               .out = a,
                               .prefill = prefill,
                               .window = cache.window}));
-  return be_.matmul({.w = w.o_proj, .x = a, .out = h, .accum = Accum::kAdd, .prefill = prefill});
+  return be_.matmul({.w = w.o_proj, .x = a, .out = out, .accum = Accum::kAdd, .prefill = prefill});
 }
 
-// Gated DeltaNet (spec §5): projections of norm(h), then conv + delta rule + gated norm in one op, then
-// h += out_proj.
-Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& h,
-                                  const InputNorm& norm, int64_t n, bool prefill) {
+// Gated DeltaNet (spec §5): projections, then conv + delta rule + gated norm in one op, then out_proj.
+Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& u,
+                                  const Tensor& out, int64_t n, bool prefill) {
   const Tensor qkv = rows(ws_.qkv, n), z = rows(ws_.z, n), b = rows(ws_.b, n), a = rows(ws_.a, n);
   const Tensor core = rows(ws_.gdn, n);
   const MatmulTarget proj[] = {{w.in_proj_qkv, qkv}, {w.in_proj_z, z}, {w.in_proj_b, b}, {w.in_proj_a, a}};
-  PD_TRY(be_.matmuls({.x = h, .targets = proj, .prefill = prefill, .norm = norm}));
+  PD_TRY(be_.matmuls({.x = u, .targets = proj, .prefill = prefill}));
   PD_TRY(be_.gated_delta_net({.dims = d_.gdn,
                               .qkv = qkv,
                               .z = z,
@@ -399,7 +393,7 @@ Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, con
                               .out = core,
                               .prefill = prefill,
                               .position = cache.first_position}));
-  return be_.matmul({.w = w.out_proj, .x = core, .out = h, .accum = Accum::kAdd, .prefill = prefill});
+  return be_.matmul({.w = w.out_proj, .x = core, .out = out, .accum = Accum::kAdd, .prefill = prefill});
 }
 
 Expected<Tensor> Qwen35Moe::lm_head(const Tensor& hidden, MatrixId head, int vocab, const Buffer& logits,

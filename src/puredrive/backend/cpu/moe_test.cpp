@@ -145,40 +145,5 @@ TEST(CpuMoe, RowExactAndThreadIndependent) {
   }
 }
 
-// The decoder layer's use: x and out both the residual stream h, the post-attention norm applied by the block
-// (InputNorm), the output added into h. Bitwise as rms_norm into a buffer, then the block reading it; the
-// scratch may not be the output.
-TEST(CpuMoe, InputNormOnTheResidualStream) {
-  std::mt19937 rng(42);
-  const MoeCase c = make_case(rng, WeightFormat::kBF16, 0);
-  auto be = test::cpu_backend(2);
-  const MoeId id = be->bind_moe(c.weights(), {.num_experts_per_tok = c.top_k}).value();
-  const VectorId nw =
-      be->bind_vector(test::random_vector(rng, static_cast<size_t>(c.hidden)), "norm").value();
-  const int64_t rows = 3;
-  const auto h0 = test::random_vector(rng, static_cast<size_t>(rows * c.hidden));
-  Buffer h = device_tensor(*be, DType::kF32, rows, c.hidden, h0),
-         ref = device_tensor(*be, DType::kF32, rows, c.hidden, h0);
-  Buffer u = device_tensor<float>(*be, DType::kF32, rows, c.hidden, {});
-  ASSERT_TRUE(be->moe({.moe = id,
-                       .x = h.tensor(),
-                       .out = h.tensor(),
-                       .accum = Accum::kAdd,
-                       .norm = {.weight = nw, .eps = 1e-6f, .scratch = u.tensor()}})
-                  .is_ok());
-  Buffer u2 = device_tensor<float>(*be, DType::kF32, rows, c.hidden, {});
-  ASSERT_TRUE(be->rms_norm({.x = ref.tensor(), .weight = nw, .eps = 1e-6f, .out = u2.tensor()}).is_ok());
-  ASSERT_TRUE(be->moe({.moe = id, .x = u2.tensor(), .out = ref.tensor(), .accum = Accum::kAdd}).is_ok());
-  EXPECT_TRUE(test::bitwise_equal(to_host(*be, h.tensor()), to_host(*be, ref.tensor())));
-  EXPECT_FALSE(test::bitwise_equal(to_host(*be, h.tensor()), h0));
-
-  const Status alias =
-      be->moe({.moe = id, .x = h.tensor(), .out = u.tensor(), .norm = {.weight = nw, .scratch = u.tensor()}});
-  EXPECT_EQ(alias.code(), ErrorCode::kInvalidArgument);
-  EXPECT_NE(alias.message().find("out aliases norm.scratch"), std::string::npos) << alias.message();
-  const Status plain = be->moe({.moe = id, .x = h.tensor(), .out = h.tensor()});
-  EXPECT_NE(plain.message().find("out aliases x"), std::string::npos) << plain.message();
-}
-
 }  // namespace
 }  // namespace pd

@@ -123,52 +123,6 @@ TEST(CpuOps, EmbedRmsNormAdd) {
   for (size_t i = 0; i < sum.size(); ++i) EXPECT_EQ(sum[i], yh[i] + emb[i]);
 }
 
-// matmuls with an InputNorm computes with rms_norm(x) (written to the scratch), bitwise as rms_norm followed
-// by matmuls, and leaves x as it was; a scratch of the wrong shape, or one that is x, is an error.
-TEST(CpuOps, MatmulsInputNormIsRmsNormThenProducts) {
-  std::mt19937 rng(14);
-  auto be = test::cpu_backend(2);
-  const int64_t R = 3, K = 64;
-  auto w1 = test::make_matrix(rng, 9, K, WeightFormat::kBF16);
-  auto w2 = test::make_matrix(rng, 5, K, WeightFormat::kAffine, 4, 32);
-  const MatrixId id1 = be->bind_matrix(w1->m).value(), id2 = be->bind_matrix(w2->m).value();
-  const VectorId nw = be->bind_vector(test::random_vector(rng, K), "norm").value();
-  const auto x = test::random_vector(rng, static_cast<size_t>(R * K));
-  Buffer xt = device_tensor(*be, DType::kF32, R, K, x);
-  Buffer scratch = device_tensor<float>(*be, DType::kF32, R, K, {});
-  Buffer o1 = device_tensor<float>(*be, DType::kF32, R, 9, {}),
-         o2 = device_tensor<float>(*be, DType::kF32, R, 5, {});
-  const std::vector<MatmulTarget> targets = {{id1, o1.tensor()}, {id2, o2.tensor()}};
-  ASSERT_TRUE(be->matmuls({.x = xt.tensor(),
-                           .targets = targets,
-                           .norm = {.weight = nw, .eps = 1e-6f, .scratch = scratch.tensor()}})
-                  .is_ok());
-  EXPECT_TRUE(test::bitwise_equal(to_host(*be, xt.tensor()), x));
-
-  Buffer u = device_tensor<float>(*be, DType::kF32, R, K, {});
-  Buffer r1 = device_tensor<float>(*be, DType::kF32, R, 9, {}),
-         r2 = device_tensor<float>(*be, DType::kF32, R, 5, {});
-  ASSERT_TRUE(be->rms_norm({.x = xt.tensor(), .weight = nw, .eps = 1e-6f, .out = u.tensor()}).is_ok());
-  ASSERT_TRUE(be->matmul({.w = id1, .x = u.tensor(), .out = r1.tensor()}).is_ok());
-  ASSERT_TRUE(be->matmul({.w = id2, .x = u.tensor(), .out = r2.tensor()}).is_ok());
-  EXPECT_TRUE(test::bitwise_equal(to_host(*be, o1.tensor()), to_host(*be, r1.tensor())));
-  EXPECT_TRUE(test::bitwise_equal(to_host(*be, o2.tensor()), to_host(*be, r2.tensor())));
-
-  const Status alias =
-      be->matmuls({.x = xt.tensor(), .targets = targets, .norm = {.weight = nw, .scratch = xt.tensor()}});
-  EXPECT_EQ(alias.code(), ErrorCode::kInvalidArgument);
-  EXPECT_NE(alias.message().find("norm.scratch aliases x"), std::string::npos) << alias.message();
-  const Status shape = be->matmuls(
-      {.x = xt.tensor(), .targets = targets, .norm = {.weight = nw, .scratch = scratch.row_slice(0, 2)}});
-  EXPECT_EQ(shape.code(), ErrorCode::kInvalidArgument);
-  EXPECT_NE(shape.message().find("[2, 64]"), std::string::npos) << shape.message();
-  EXPECT_FALSE(be->matmuls({.x = xt.tensor(),
-                            .targets = targets,
-                            .norm = {.weight = VectorId{99}, .scratch = scratch.tensor()}})
-                   .is_ok());
-  EXPECT_TRUE(test::bitwise_equal(to_host(*be, xt.tensor()), x));
-}
-
 TEST(CpuOps, ArgmaxTiesToLowestAndSkipsNan) {
   auto be = test::cpu_backend(1);
   const float nan = std::numeric_limits<float>::quiet_NaN();

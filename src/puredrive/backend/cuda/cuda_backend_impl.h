@@ -226,9 +226,6 @@ class CudaBackend final : public Backend {
   Expected<DevMatrix> upload_experts(const std::vector<Matrix>& ms, const char* what);
   Expected<const DevMatrix*> matrix(const char* op, MatrixId id) const;
   Expected<const DevVector*> vector(const char* op, VectorId id, int64_t expected_size = -1) const;
-  // The RowNorm with which the streamed kernels apply an op's InputNorm to rows of `cols` entries (adds it to
-  // the step's signature).
-  Expected<cuda::RowNorm> row_norm(const char* op, const InputNorm& n, int64_t cols);
 
   static constexpr size_t kMaxGraphs = 512;
 
@@ -245,8 +242,6 @@ class CudaBackend final : public Backend {
   std::chrono::steady_clock::time_point step_begin_time_;
   bool graphs_enabled_ = true;
   bool reference_prefill_ = false;
-  // PD_FUSE_NORM=0: every InputNorm runs as rms_norm before its op (same bits; for same-run comparisons).
-  const bool fuse_norms_ = cuda::env_switch_on("PD_FUSE_NORM");
 
   std::vector<void*> weights_;  // device allocations of bound weights
   std::vector<DevMatrix> matrices_;
@@ -255,7 +250,7 @@ class CudaBackend final : public Backend {
   std::atomic<int64_t> bound_bytes_{0};  // read by load-progress reports from another thread
 
   static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
-  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_, sample_scratch_, norm_scratch_;
+  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_, sample_scratch_;
   unsigned long long* experts_read_ = nullptr;  // distinct experts read by decode MoE chunks, ever
   int* router_ticket_ = nullptr;                // MoeLaunch::router_ticket
   std::vector<void*> retired_device_;

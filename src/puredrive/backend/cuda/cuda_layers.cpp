@@ -183,16 +183,6 @@ Status CudaBackend::moe(const MoeArgs& a) {
   }
   const Kernels k = kernels_for(a.prefill, a.x.rows);
   const cuda::MoeLaunch& b = m.launch;
-  // The norm rides in the streamed gate/up launch (one launch less); elsewhere it runs on its own.
-  const bool fuse_norm = fuse_norms_ && a.norm.weight.valid() && k == Kernels::kDecode &&
-                         cuda::moe_stream_takes(b, static_cast<int>(a.x.rows));
-  if (a.norm.weight.valid() && !fuse_norm) {
-    PD_ASSIGN_OR_RETURN(const Tensor x, normalized(a.x, a.norm));
-    MoeArgs c = a;
-    c.x = x;
-    c.norm = {};
-    return moe(c);
-  }
   const int64_t bytes = k == Kernels::kTensorCores
                             ? cuda::moe_grouped_scratch_bytes(static_cast<int>(a.x.rows), b.experts, b.top_k,
                                                               b.hidden, b.inter, b.shared_inter)
@@ -214,9 +204,6 @@ Status CudaBackend::moe(const MoeArgs& a) {
   sig_.add(a.x);
   sig_.add(a.out);
   sig_.add(k);
-  if (fuse_norm) {
-    PD_ASSIGN_OR_RETURN(l.norm, row_norm("moe", a.norm, a.x.cols));
-  }
   if (k == Kernels::kTensorCores) {
     submit([l](cudaStream_t s) { cuda::launch_moe_grouped(l, s); }, "moe prefill");
     return take_error_if_eager();

@@ -92,15 +92,6 @@ Status CudaBackend::rms_norm(const RmsNormArgs& a) {
   return take_error_if_eager();
 }
 
-Expected<cuda::RowNorm> CudaBackend::row_norm(const char* op, const InputNorm& n, int64_t cols) {
-  PD_ASSIGN_OR_RETURN(const DevVector* w, vector(op, n.weight, cols));
-  PD_ASSIGN_OR_RETURN(void* scr,
-                      scratch(norm_scratch_, cuda::row_norm_scratch_floats(info_.multiprocessors, cols) * 4));
-  sig_.add(n.weight.index);
-  sig_.add_f(n.eps);
-  return cuda::RowNorm{.weight = w->data, .eps = n.eps, .scratch = static_cast<float*>(scr)};
-}
-
 Status CudaBackend::add(const AddArgs& a) {
   PD_TRY(validate_add(Device::kCuda, a));
   sig_.add(OpTag::kAdd);
@@ -166,7 +157,6 @@ Status CudaBackend::matmul(const MatmulArgs& a) {
 Status CudaBackend::matmuls(const MatmulsArgs& a) {
   const size_t count = a.targets.size();
   if (count == 0) return Status::ok();
-  PD_TRY(validate_input_norm(Device::kCuda, "matmuls", a.x, a.norm));
   const Kernels k = kernels_for(a.prefill, a.x.rows);
   const size_t max_fused =
       static_cast<size_t>(k == Kernels::kTensorCores ? cuda::kMmaMaxParts : cuda::kMaxMulti);
@@ -187,18 +177,8 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
     g.os[i] = t.out.stride;
     g.end[i] = end;
   }
-  g.count = static_cast<int>(count);
-  // The norm rides in the streamed products' launch (one launch less); elsewhere it runs on its own.
-  const bool fuse_norm = fuse_norms_ && a.norm.weight.valid() && fused && k == Kernels::kDecode &&
-                         cuda::gemv_multi_stream_takes(g);
-  if (a.norm.weight.valid() && !fuse_norm) {
-    PD_ASSIGN_OR_RETURN(const Tensor x, normalized(a.x, a.norm));
-    MatmulsArgs b = a;
-    b.x = x;
-    b.norm = {};
-    return matmuls(b);
-  }
   if (!fused) return Backend::matmuls(a);
+  g.count = static_cast<int>(count);
   sig_.add(OpTag::kMatmuls);
   sig_.add(a.x);
   sig_.add(k);
@@ -220,13 +200,6 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
   const float* x = static_cast<const float*>(a.x.data);
   const int64_t xs = a.x.stride;
   const int rows = static_cast<int>(a.x.rows);
-  if (fuse_norm) {
-    PD_ASSIGN_OR_RETURN(const cuda::RowNorm norm, row_norm("matmuls", a.norm, a.x.cols));
-    submit(
-        [g, x, xs, rows, norm](cudaStream_t s) { cuda::launch_gemv_multi_stream(g, x, xs, rows, norm, s); },
-        "matmuls + norm", end, g.m[0].cols);
-    return take_error_if_eager();
-  }
   submit([g, x, xs, rows](cudaStream_t s) { cuda::launch_gemv_multi(g, x, xs, rows, s); }, "matmuls", end,
          g.m[0].cols);
   return take_error_if_eager();

@@ -171,18 +171,13 @@ void launch_slices(const MmaTargets& t, const float* x, int64_t xs, int rows, cu
   launch_pdl(gemv_mma_kernel<VEC, S>, dim3(grid), dim3(kBlock), 0, stream, t, x, xs, rows);
 }
 
-// Whether every matrix of a launch takes the streamed kernel, in one launch.
-template <typename M>
-bool stream_all(const M& m, int count) {
-  bool all = true;
-  for (int i = 0; i < count; ++i)
-    all = all && gemv_stream_supported(m[i]) && gemv_stream_compatible(m[0], m[i]);
-  return all;
-}
-
 void launch_targets(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
-  if (stream_all(t.m, t.count)) {
-    launch_gemv_stream(t, x, xs, rows, RowNorm{}, stream);
+  bool stream_all = true;
+  for (int i = 0; i < t.count; ++i) {
+    stream_all = stream_all && gemv_stream_supported(t.m[i]) && gemv_stream_compatible(t.m[0], t.m[i]);
+  }
+  if (stream_all) {
+    launch_gemv_stream(t, x, xs, rows, stream);
     return;
   }
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
@@ -250,9 +245,7 @@ void launch_gemv_mma(const DevMatrix& w, const float* x, int64_t xs, float* out,
   launch_targets(t, x, xs, rows, stream);
 }
 
-namespace {
-
-MmaTargets targets_of(const GemvMulti& g) {
+void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   MmaTargets t;
   int64_t tiles = 0;
   for (int i = 0; i < g.count; ++i) {
@@ -263,22 +256,7 @@ MmaTargets targets_of(const GemvMulti& g) {
     t.tile_end[i] = tiles;
   }
   t.count = g.count;
-  return t;
-}
-
-}  // namespace
-
-void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t xs, int rows, cudaStream_t stream) {
-  launch_targets(targets_of(g), x, xs, rows, stream);
-}
-
-bool gemv_multi_stream_takes(const GemvMulti& g) {
-  return gemv_multi_mma_supported(g) && stream_all(g.m, g.count);
-}
-
-void launch_gemv_multi_stream(const GemvMulti& g, const float* x, int64_t xs, int rows, const RowNorm& norm,
-                              cudaStream_t stream) {
-  launch_gemv_stream(targets_of(g), x, xs, rows, norm, stream);
+  launch_targets(t, x, xs, rows, stream);
 }
 
 }  // namespace pd::cuda

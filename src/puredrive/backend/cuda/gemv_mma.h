@@ -37,7 +37,6 @@ void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t x_stride,
 // only for affine matrices), whether two matrices can share a launch, and the launch.
 bool gemv_stream_supported(const DevMatrix& m);
 bool gemv_stream_compatible(const DevMatrix& a, const DevMatrix& b);
-void launch_gemv_stream(const MmaTargets& t, const float* x, int64_t x_stride, int rows, const RowNorm& norm,
-                        cudaStream_t stream);
+void launch_gemv_stream(const MmaTargets& t, const float* x, int64_t x_stride, int rows, cudaStream_t stream);
 
 }  // namespace pd::cuda

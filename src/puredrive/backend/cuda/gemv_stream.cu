@@ -57,8 +57,7 @@ __device__ __forceinline__ void store_tile(const MmaTargets& t, const float4* pa
 
 template <int KB, bool VEC>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemv_stream_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows,
-                       const RowNorm norm) {
+    gemv_stream_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
   using S = Shape<KB>;
   PD_TRACE_SCOPE(kGemvStream, rows);
   extern __shared__ __align__(128) uint8_t smem[];
@@ -88,14 +87,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Consumers: the activations' fragments of this warp's columns, lane (g, q) holding row g.
-  __shared__ float red[kNormRed];
-  prefetch_norm_weight(norm, S::kCols);
   pdl_wait();
   PD_TRACE_STAMP(0);
-  if (norm.weight != nullptr) {
-    x = normalize_rows<S::kCols>(norm, x, xs, rows, red);
-    xs = S::kCols;
-  }
   const int g = lane >> 2, q = lane & 3;
   const bool has_row = g < rows;
   const float* xr = x + (has_row ? g : 0) * xs;
@@ -118,8 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Affine 8-bit matrices (stream_affine.cuh): the same tiles, one stage per tile.
 template <int KB, int PPS, bool VEC>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemv_stream_affine_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows,
-                              const RowNorm norm) {
+    gemv_stream_affine_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
   using S = AffineShape<KB>;
   PD_TRACE_SCOPE(kGemvStreamAffine, rows);
   extern __shared__ __align__(128) uint8_t smem[];
@@ -150,13 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  __shared__ float red[kNormRed];
-  prefetch_norm_weight(norm, S::kCols);
   pdl_wait();
-  if (norm.weight != nullptr) {
-    x = normalize_rows<S::kCols>(norm, x, xs, rows, red);
-    xs = S::kCols;
-  }
   const int g = lane >> 2, q = lane & 3;
   AffineX<S, PPS> ax;
   {
@@ -177,44 +163,41 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <typename S, auto Kernel>
-void launch_stream_kernel(const MmaTargets& t, const float* x, int64_t xs, int rows, const RowNorm& norm,
-                          cudaStream_t stream) {
+void launch_stream_kernel(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   static const int sms = prepare_kernel<S>(Kernel);
   PD_TRACE_ENSURE();
   const int64_t tiles = t.tile_end[t.count - 1];
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
-  launch_pdl(Kernel, dim3(grid), dim3(kThreads), S::kSmemBytes, stream, t, x, xs, rows, norm);
+  launch_pdl(Kernel, dim3(grid), dim3(kThreads), S::kSmemBytes, stream, t, x, xs, rows);
 }
 
 template <int KB, bool VEC>
-void launch_shape(const MmaTargets& t, const float* x, int64_t xs, int rows, const RowNorm& norm,
-                  cudaStream_t stream) {
+void launch_shape(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   if (t.m[0].fmt == WFmt::kAffine) {
     using S = AffineShape<KB>;
     with_pieces<S>(t.m[0].group_size, [&](auto pps) {
-      launch_stream_kernel<S, gemv_stream_affine_kernel<KB, decltype(pps)::value, VEC>>(t, x, xs, rows, norm,
+      launch_stream_kernel<S, gemv_stream_affine_kernel<KB, decltype(pps)::value, VEC>>(t, x, xs, rows,
                                                                                         stream);
     });
     return;
   }
-  launch_stream_kernel<Shape<KB>, gemv_stream_kernel<KB, VEC>>(t, x, xs, rows, norm, stream);
+  launch_stream_kernel<Shape<KB>, gemv_stream_kernel<KB, VEC>>(t, x, xs, rows, stream);
 }
 
 template <bool VEC>
-void launch_vec(const MmaTargets& t, const float* x, int64_t xs, int rows, const RowNorm& norm,
-                cudaStream_t stream) {
+void launch_vec(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   switch (t.m[0].cols) {
     case 512:
-      launch_shape<1, VEC>(t, x, xs, rows, norm, stream);
+      launch_shape<1, VEC>(t, x, xs, rows, stream);
       return;
     case 1024:
-      launch_shape<2, VEC>(t, x, xs, rows, norm, stream);
+      launch_shape<2, VEC>(t, x, xs, rows, stream);
       return;
     case 2048:
-      launch_shape<4, VEC>(t, x, xs, rows, norm, stream);
+      launch_shape<4, VEC>(t, x, xs, rows, stream);
       return;
     default:
-      launch_shape<8, VEC>(t, x, xs, rows, norm, stream);
+      launch_shape<8, VEC>(t, x, xs, rows, stream);
       return;
   }
 }
@@ -242,13 +225,11 @@ bool gemv_stream_compatible(const DevMatrix& a, const DevMatrix& b) {
           (a.bits == b.bits && a.group_size == b.group_size && a.scale_dtype == b.scale_dtype));
 }
 
-void launch_gemv_stream(const MmaTargets& t, const float* x, int64_t xs, int rows, const RowNorm& norm,
-                        cudaStream_t stream) {
-  // Normalised rows are read from the scratch: aligned, and of a width that is a multiple of 4.
-  if (norm.weight != nullptr || (reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0)) {
-    launch_vec<true>(t, x, xs, rows, norm, stream);
+void launch_gemv_stream(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0) {
+    launch_vec<true>(t, x, xs, rows, stream);
   } else {
-    launch_vec<false>(t, x, xs, rows, norm, stream);
+    launch_vec<false>(t, x, xs, rows, stream);
   }
 }
 

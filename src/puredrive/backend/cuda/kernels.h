@@ -119,18 +119,6 @@ void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream);
 // Opts the kernels into the shared memory they need; called once by the backend.
 void init_mma_kernels();
 
-// An RMSNorm the streamed decode kernels apply to their input rows themselves (backend.h InputNorm), bitwise
-// as launch_rms_norm computes it: each block writes the normalised rows to its own part of `scratch` and
-// reads them from there. weight == nullptr: no norm.
-struct RowNorm {
-  const float* weight = nullptr;  // [cols]
-  float eps = 0.0f;
-  float* scratch = nullptr;  // row_norm_scratch_floats
-};
-inline int64_t row_norm_scratch_floats(int multiprocessors, int64_t cols) {
-  return int64_t{multiprocessors} * kMaxRows * cols;  // a block per SM, kMaxRows rows each
-}
-
 // ---- Dense ops (ops_dense.cu) ----
 void launch_gemv(const DevMatrix& w, const float* x, int64_t x_stride, float* out, int64_t out_stride,
                  int rows, bool accumulate, cudaStream_t stream);
@@ -146,11 +134,6 @@ struct GemvMulti {
   int count = 0;
 };
 void launch_gemv_multi(const GemvMulti& g, const float* x, int64_t x_stride, int rows, cudaStream_t stream);
-// Whether launch_gemv_multi runs g (rows <= kMaxRows) as one launch of the streamed kernel (gemv_stream.cu),
-// and that launch with a RowNorm applied to x first.
-bool gemv_multi_stream_takes(const GemvMulti& g);
-void launch_gemv_multi_stream(const GemvMulti& g, const float* x, int64_t x_stride, int rows,
-                              const RowNorm& norm, cudaStream_t stream);
 void launch_embed(const DevMatrix& table, const int32_t* tokens, int64_t token_stride, float* out,
                   int64_t out_stride, int rows, cudaStream_t stream);
 void launch_rms_norm(const float* x, int64_t x_stride, const float* weight, int n, float eps, float* out,
@@ -279,15 +262,10 @@ struct MoeLaunch {
   int* router_ticket = nullptr;
   // When set, the number of distinct experts each decode chunk reads is added to it (bytes accounting).
   unsigned long long* experts_read = nullptr;
-  // post_attention_layernorm, applied by the streamed kernels (set only when moe_stream_takes).
-  RowNorm norm;
 };
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
 // Decode steps (chunks of kMaxRows rows); steps wider than kMaxRows run the tiled reference path.
 void launch_moe(const MoeLaunch& m, cudaStream_t stream);
-// Whether launch_moe runs a step of `rows` rows on the streamed kernels (moe_stream.cu), the only ones that
-// apply m.norm.
-bool moe_stream_takes(const MoeLaunch& m, int rows);
 // The tiled reference path (moe_wide.cu), for any number of rows; moe_scratch_bytes covers its scratch.
 int64_t moe_wide_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
 void launch_moe_wide(const MoeLaunch& m, cudaStream_t stream);

@@ -422,10 +422,6 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
 
 }  // namespace
 
-bool moe_stream_takes(const MoeLaunch& m, int rows) {
-  return rows <= kMaxRows && moe_stream_supported(m);
-}
-
 void launch_moe(const MoeLaunch& m, cudaStream_t stream) {
   if (m.rows > kMaxRows) {
     launch_moe_wide(m, stream);

@@ -104,8 +104,7 @@ __device__ void grid_barrier(int* bar) {
 // kernel. RF: the router's format, bf16 or affine 8-bit (the experts'); its activation loads are scalar, so
 // the kernel needs no variant for unaligned rows.
 template <int RF>
-__device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, const float* x, int64_t xs, int warp,
-                                            int lane, Route* rt) {
+__device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
   const MoeLaunch& m = a.m;
   const int E = m.experts, K = m.top_k;
   const int64_t n = blockIdx.x + static_cast<int64_t>(gridDim.x) * warp;
@@ -113,11 +112,11 @@ __device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, const float*
     constexpr int kBits = RF == static_cast<int>(WFmt::kAffine) ? 8 : 0;
     // Accumulators for the rows there are (a row's sum does not depend on how many: dot_rows).
     if (a.rows == 1) {
-      router_output<RF, kBits, false, 1>(m, n, x, xs, a.rows, lane, a.logits, a.sg);
+      router_output<RF, kBits, false, 1>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
     } else if (a.rows <= 4) {
-      router_output<RF, kBits, false, 4>(m, n, x, xs, a.rows, lane, a.logits, a.sg);
+      router_output<RF, kBits, false, 4>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
     } else {
-      router_output<RF, kBits, false, kMaxRows>(m, n, x, xs, a.rows, lane, a.logits, a.sg);
+      router_output<RF, kBits, false, kMaxRows>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
     }
   }
   consumers_sync();
@@ -148,9 +147,8 @@ __device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, const float*
 // The affine router's products need more registers than the experts' loop: out of line, so that their
 // spills stay in the router (measured: spills in every affine gate/up kernel when inline).
 template <int RF>
-__device__ __noinline__ void route_chunk_out_of_line(const MoeStreamArgs& a, const float* x, int64_t xs,
-                                                     int warp, int lane, Route* rt) {
-  route_chunk<RF>(a, x, xs, warp, lane, rt);
+__device__ __noinline__ void route_chunk_out_of_line(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
+  route_chunk<RF>(a, warp, lane, rt);
 }
 
 // The consumers tell the producer that *rt holds the route (named barrier 2: arrive here, sync there).
@@ -317,20 +315,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
 
   const int64_t router_row = blockIdx.x + G * warp;
   if (router_row < m.experts) prefetch_row_l2(m.router, m.router.data, router_row, lane);
-  __shared__ float red[kNormRed];
-  prefetch_norm_weight(m.norm, S::kCols);  // the experts' width is the hidden size
   pdl_wait();
   PD_TRACE_STAMP(0);
-  const float* in = a.x;  // the input rows, after the norm when the kernel applies one
-  int64_t ins = a.xs;
-  if (m.norm.weight != nullptr) {
-    in = normalize_rows<S::kCols>(m.norm, a.x, a.xs, a.rows, red);
-    ins = S::kCols;
-  }
   if constexpr (W::kRouterFmt == static_cast<int>(WFmt::kAffine)) {
-    route_chunk_out_of_line<W::kRouterFmt>(a, in, ins, warp, lane, &route);
+    route_chunk_out_of_line<W::kRouterFmt>(a, warp, lane, &route);
   } else {
-    route_chunk<W::kRouterFmt>(a, in, ins, warp, lane, &route);
+    route_chunk<W::kRouterFmt>(a, warp, lane, &route);
   }
   PD_TRACE_STAMP(5);
   route_ready_arrive();
@@ -341,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   typename W::X x;
   {
     typename W::Raw v;
-    W::load_raw(g < a.rows ? in + g * ins : nullptr, aligned_rows(in, ins), warp, q, v);
+    W::load_raw(g < a.rows ? a.x + g * a.xs : nullptr, aligned_rows(a.x, a.xs), warp, q, v);
     W::make(v, q, x);
   }
   PD_TRACE_STAMP(7);
