@@ -78,9 +78,10 @@ __device__ void route_row_regs(const float* logits, int E, int K, bool norm, int
   }
 }
 
-// Routes row `logits` with the calling warp (E <= 1024).
-__device__ __forceinline__ void route_row(const float* logits, int E, int K, bool norm, int* sel,
-                                          float* wts) {
+// Routes row `logits` with the calling warp (E <= 1024). Out of line: moe_stream.cu runs the same code early
+// to bring it into the instruction cache.
+static __device__ __noinline__ void route_row(const float* logits, int E, int K, bool norm, int* sel,
+                                              float* wts) {
   if (E <= 256) {
     route_row_regs<8>(logits, E, K, norm, sel, wts);
   } else if (E <= 512) {

@@ -24,6 +24,8 @@ struct MoeStreamArgs {
   float* sg = nullptr;
   float* act = nullptr;   // [kMaxRows][top_k][inter]
   float* sact = nullptr;  // [kMaxRows][shared_inter]
+  // Whether a spare warp runs the route's code on zero logits before pdl_wait (PD_WARM_ROUTE=0: not).
+  int warm_route = 0;
 };
 
 // Whether the block takes this path: bf16 router, shared gate and experts, the shared expert of the routed
