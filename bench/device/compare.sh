@@ -135,7 +135,8 @@ except Exception as e:
 for c in j["cells"]:
     v = c["verify"]
     print(f"{j['model']['quant']:>4} variant {sys.argv[2]}: {c['decode_tokens_per_second']:7.1f} tok/s, "
-          f"step {c['step_ms_median']:.3f} ms, R={v['rows']}/R=1 {v['ratio']:.2f}, row-exact {j.get('row_exact_check',{}).get('pass')}")
+          f"step {c['step_ms_median']:.3f} ms, R={v['rows']}/R=1 {v['ratio']:.2f}, prefill {c.get('prefill_tokens_per_second') or 0:.0f} tok/s, "
+          f"row-exact {j.get('row_exact_check',{}).get('pass')}")
     m = c.get("mtp_cycle")
     if m:
         print(f"     MTP K={m['draft_tokens']} draft vocab {m.get('mtp_draft_vocab', '-')}: cycle {m['cycle_ms']:.3f} ms = "

@@ -12,7 +12,7 @@ namespace pd::cuda_impl {
 namespace {
 
 // One tensor-core product part: x [R, K] . w^T into out, its weight-row tiles after `tiles_before`.
-cuda::MmaPart mma_part(const DevMatrix& w, const Tensor& x, const Tensor& out, int tiles_before) {
+cuda::MmaPart mma_part(const DevMatrix& w, const Tensor& x, const Tensor& out, int tiles_before, int cols) {
   cuda::MmaPart p;
   p.w = w;
   p.x = static_cast<const float*>(x.data);
@@ -20,7 +20,7 @@ cuda::MmaPart mma_part(const DevMatrix& w, const Tensor& x, const Tensor& out, i
   p.out = static_cast<float*>(out.data);
   p.os = out.stride;
   p.rows = static_cast<int>(x.rows);
-  p.n_tiles_end = tiles_before + static_cast<int>((w.rows + cuda::kMmaCols - 1) / cuda::kMmaCols);
+  p.n_tiles_end = tiles_before + static_cast<int>((w.rows + cols - 1) / cols);
   return p;
 }
 
@@ -121,7 +121,8 @@ Status CudaBackend::matmul(const MatmulArgs& a) {
   const DevMatrix m = *w;
   if (k == Kernels::kTensorCores) {
     cuda::MmaJob j;
-    j.part[0] = mma_part(m, a.x, a.out, 0);
+    j.tile_cols = cuda::mma_tile_cols(m, nullptr);
+    j.part[0] = mma_part(m, a.x, a.out, 0, j.tile_cols);
     j.parts = 1;
     j.accumulate = a.accum == Accum::kAdd;
     const int tiles = mma_row_tiles(a.x.rows);
@@ -188,8 +189,10 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
   }
   if (k == Kernels::kTensorCores) {
     cuda::MmaJob j;
+    j.tile_cols = cuda::mma_tile_cols(g.m[0], nullptr);
     for (size_t i = 0; i < count; ++i) {
-      j.part[i] = mma_part(g.m[i], a.x, a.targets[i].out, i == 0 ? 0 : j.part[i - 1].n_tiles_end);
+      j.part[i] =
+          mma_part(g.m[i], a.x, a.targets[i].out, i == 0 ? 0 : j.part[i - 1].n_tiles_end, j.tile_cols);
     }
     j.parts = static_cast<int>(count);
     const int tiles = mma_row_tiles(a.x.rows);

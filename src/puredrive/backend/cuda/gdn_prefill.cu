@@ -64,6 +64,75 @@ __device__ inline PrefillScratch prefill_scratch(const GdnLaunch& g) {
   return s;
 }
 
+// Rows [0, L) of a [64, cols] slice (row i at src + i * stride) into a shared tile of row pitch `pitch`,
+// zeros in rows L..63. The copies are asynchronous, so all of a tile's are in flight at once (one memory
+// latency, not one per trip of a loop); they land at copy_async_wait_all(), and the caller's next barrier
+// publishes them.
+__device__ __forceinline__ void stage_rows(float* dst, int pitch, const float* src, int64_t stride, int L,
+                                           int cols) {
+  for (int e = static_cast<int>(threadIdx.x); e < kChunk * cols; e += kThreads) {
+    const int i = e / cols, d = e % cols;
+    if (i < L) {
+      copy4_async(dst + i * pitch + d, src + i * stride + d);
+    } else {
+      dst[i * pitch + d] = 0.0f;
+    }
+  }
+}
+// After copy_async_wait_all(): each thread multiplies the elements it staged (stage_rows' mapping) by their
+// row's factor.
+__device__ __forceinline__ void scale_rows(float* dst, int pitch, int L, int cols, const float* row_scale) {
+  for (int e = static_cast<int>(threadIdx.x); e < L * cols; e += kThreads) {
+    const int i = e / cols, d = e % cols;
+    dst[i * pitch + d] *= row_scale[i];
+  }
+}
+
+// out[i][c] = S(i, c) + sum_{m < i} T[i][m] S(m, c), the terms in ascending m after the diagonal, for rows
+// i < L and columns c < cols (T strictly lower, [64][kTS]; S(m, c) reads staged rows). Warp w owns rows
+// w + 8a and lane l columns c0 + l + 32b, so one load of T serves four columns and one of S eight rows.
+template <class Src>
+__device__ __forceinline__ void unit_lower_times(const float* Ts, int L, int cols, const Src& S, float* out,
+                                                 int64_t out_stride) {
+  constexpr int kRows = kChunk / (kThreads / 32), kCols = 4;
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  for (int c0 = 0; c0 < cols; c0 += 32 * kCols) {
+    float acc[kRows][kCols];
+#pragma unroll
+    for (int a = 0; a < kRows; ++a) {
+#pragma unroll
+      for (int b = 0; b < kCols; ++b) {
+        const int i = warp + 8 * a, c = c0 + lane + 32 * b;
+        acc[a][b] = i < L && c < cols ? S(i, c) : 0.0f;
+      }
+    }
+    for (int m = 0; m + 1 < L; ++m) {
+      float x[kCols];
+#pragma unroll
+      for (int b = 0; b < kCols; ++b) {
+        const int c = c0 + lane + 32 * b;
+        x[b] = c < cols ? S(m, c) : 0.0f;
+      }
+#pragma unroll
+      for (int a = 0; a < kRows; ++a) {
+        const int i = warp + 8 * a;
+        if (m >= i) continue;  // uniform over the warp
+        const float t = Ts[i * kTS + m];
+#pragma unroll
+        for (int b = 0; b < kCols; ++b) acc[a][b] = fmaf(t, x[b], acc[a][b]);
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < kRows; ++a) {
+#pragma unroll
+      for (int b = 0; b < kCols; ++b) {
+        const int i = warp + 8 * a, c = c0 + lane + 32 * b;
+        if (i < L && c < cols) out[i * out_stride + c] = acc[a][b];
+      }
+    }
+  }
+}
+
 // Chunk c of a segment whose first chunk has first_len rows: its first row (in the segment) and length.
 __device__ __forceinline__ int chunk_start(int c, int first_len) {
   return c == 0 ? 0 : first_len + (c - 1) * kChunk;
@@ -145,12 +214,8 @@ __global__ void __launch_bounds__(kThreads)
   float* BGs = Bs + kChunk;       // [64] beta e^G
   const int tid = static_cast<int>(threadIdx.x);
 
-  for (int e = tid; e < kChunk * DK; e += kThreads) {
-    const int i = e / DK, d = e % DK;
-    const float* xr = s.xn + (start + i) * C;
-    Ks[i * KS + d] = i < L ? xr[key_dim + kh * DK + d] : 0.0f;
-    Xs[i * XS + d] = i < L ? xr[kh * DK + d] : 0.0f;
-  }
+  stage_rows(Ks, KS, s.xn + start * C + key_dim + kh * DK, C, L, DK);
+  stage_rows(Xs, XS, s.xn + start * C + kh * DK, C, L, DK);
   for (int e = tid; e < kChunk * kTS; e += kThreads) Ts[e] = 0.0f;
   if (tid < kChunk) Bs[tid] = tid < L ? s.beta[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;
   if (tid == 0) {
@@ -161,29 +226,51 @@ __global__ void __launch_bounds__(kThreads)
       Gs[i] = acc;
     }
   }
+  copy_async_wait_all();
   __syncthreads();
   if (tid < L) {
     s.G[static_cast<int64_t>(start + tid) * hv + h] = Gs[tid];
     BGs[tid] = Bs[tid] * decay_factor(Gs[tid]);
   }
 
-  // N and P: every element one thread, sums over the key dim in ascending order.
+  // N and P: thread (ti, tj) owns rows ti + 16a and columns tj + 16b (blocks above the diagonal skipped), so
+  // one load of a k or q row serves four products; every sum runs over the key dim in ascending order.
   float* P = s.p + (static_cast<int64_t>(c) * hv + h) * kChunk * kChunk;
-  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
-    const int i = e / kChunk, j = e % kChunk;
-    float n = 0.0f, pv = 0.0f;
-    if (i < L && j <= i) {
-      float kk = 0.0f, qk = 0.0f;
-      for (int d = 0; d < DK; ++d) {
-        kk = fmaf(Ks[i * KS + d], Ks[j * KS + d], kk);
-        qk = fmaf(Xs[i * XS + d], Ks[j * KS + d], qk);
+  {
+    const int ti = tid / 16, tj = tid % 16;
+    float kk[4][4] = {}, qk[4][4] = {};
+    for (int d = 0; d < DK; ++d) {
+      float ki[4], qi[4], kj[4];
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        ki[a] = Ks[(ti + 16 * a) * KS + d];
+        qi[a] = Xs[(ti + 16 * a) * XS + d];
+        kj[a] = Ks[(tj + 16 * a) * KS + d];
       }
-      const float decay = decay_factor(Gs[i] - Gs[j]);
-      if (j < i) n = (Bs[i] * kk) * decay;
-      pv = qk * decay;
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+#pragma unroll
+        for (int b = 0; b <= a; ++b) {
+          kk[a][b] = fmaf(ki[a], kj[b], kk[a][b]);
+          qk[a][b] = fmaf(qi[a], kj[b], qk[a][b]);
+        }
+      }
     }
-    Ns[i * kTS + j] = n;
-    P[e] = pv;
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int i = ti + 16 * a, j = tj + 16 * b;
+        float n = 0.0f, pv = 0.0f;
+        if (b <= a && i < L && j <= i) {
+          const float decay = decay_factor(Gs[i] - Gs[j]);
+          if (j < i) n = (Bs[i] * kk[a][b]) * decay;
+          pv = qk[a][b] * decay;
+        }
+        Ns[i * kTS + j] = n;
+        P[i * kChunk + j] = pv;
+      }
+    }
   }
   __syncthreads();
 
@@ -197,32 +284,22 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  for (int e = tid; e < kChunk * dv; e += kThreads) {
-    const int i = e / dv, cc = e % dv;
-    Xs[i * XS + cc] =
-        i < L ? s.xn[(start + i) * C + 2 * key_dim + static_cast<int64_t>(h) * dv + cc] * Bs[i] : 0.0f;
-  }
+  stage_rows(Xs, XS, s.xn + start * C + 2 * key_dim + static_cast<int64_t>(h) * dv, C, L, dv);
+  copy_async_wait_all();
+  scale_rows(Xs, XS, L, dv, Bs);
   __syncthreads();
   // U = (I + T) diag(beta) V and W = (I + T) diag(beta e^G) K, the terms in ascending m after the diagonal.
   const int64_t u_stride = int64_t{hv} * dv, w_stride = int64_t{hv} * DK;
   float* U = s.u + start * u_stride + static_cast<int64_t>(h) * dv;
-  for (int e = tid; e < L * dv; e += kThreads) {
-    const int i = e / dv, cc = e % dv;
-    float acc = Xs[i * XS + cc];
-    for (int m = 0; m < i; ++m) acc = fmaf(Ts[i * kTS + m], Xs[m * XS + cc], acc);
-    U[i * u_stride + cc] = acc;
-  }
+  unit_lower_times(
+      Ts, L, dv, [&](int m, int cc) { return Xs[m * XS + cc]; }, U, u_stride);
   float* W = s.w + start * w_stride + static_cast<int64_t>(h) * DK;
-  for (int e = tid; e < L * DK; e += kThreads) {
-    const int i = e / DK, d = e % DK;
-    float acc = Ks[i * KS + d] * BGs[i];
-    for (int m = 0; m < i; ++m) acc = fmaf(Ts[i * kTS + m], Ks[m * KS + d] * BGs[m], acc);
-    W[i * w_stride + d] = acc;
-  }
+  unit_lower_times(
+      Ts, L, DK, [&](int m, int d) { return Ks[m * KS + d] * BGs[m]; }, W, w_stride);
 }
 
 size_t state_smem_floats(int dk) {
-  return static_cast<size_t>(dk) * kStateCols + static_cast<size_t>(kChunk) * (dk + 1) + kChunk * kTS +
+  return static_cast<size_t>(dk) * kStateCols + 2 * static_cast<size_t>(kChunk) * (dk + 1) + kChunk * kTS +
          kChunk * kStateCols + 3 * kChunk;
 }
 
@@ -264,8 +341,9 @@ __global__ void __launch_bounds__(kThreads)
   const PrefillScratch s = prefill_scratch(g);
   constexpr int AS = DK + 1;
   float* Ss = smem;                      // [DK][32]: the state block
-  float* As = Ss + DK * kStateCols;      // [64][AS]: W, then q e^G, then K e^(G_last - G)
-  float* Ps = As + kChunk * AS;          // [64][kTS]
+  float* As = Ss + DK * kStateCols;      // [64][AS]: W, then K e^(G_last - G)
+  float* Qs = As + kChunk * AS;          // [64][AS]: q e^G
+  float* Ps = Qs + kChunk * AS;          // [64][kTS]
   float* Vs = Ps + kChunk * kTS;         // [64][32]: v'
   float* Gs = Vs + kChunk * kStateCols;  // [64]
   float* EGs = Gs + kChunk;              // [64] e^G
@@ -280,16 +358,19 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int c = 0; c < n_chunks; ++c) {
     const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
-    for (int e = tid; e < kChunk * DK; e += kThreads) {
-      const int i = e / DK, d = e % DK;
-      As[i * AS + d] = i < L ? s.w[(start + i) * w_stride + static_cast<int64_t>(h) * DK + d] : 0.0f;
-    }
+    // W, q and P in flight together (their buffers were last read before the previous chunk's barriers).
+    stage_rows(As, AS, s.w + start * w_stride + static_cast<int64_t>(h) * DK, w_stride, L, DK);
+    stage_rows(Qs, AS, s.xn + start * C + kh * DK, C, L, DK);
+    stage_rows(Ps, kTS, s.p + (static_cast<int64_t>(c) * hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
     if (tid < kChunk) {
       const float G = tid < L ? s.G[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;
       Gs[tid] = G;
       EGs[tid] = decay_factor(G);
     }
+    copy_async_wait_all();
     __syncthreads();
+    scale_rows(Qs, AS, L, DK, EGs);  // read by other threads only after the next barrier
+    if (tid < kChunk) KDs[tid] = tid < L ? decay_factor(Gs[L - 1] - Gs[tid]) : 0.0f;
 
     // v' = U - W S
     float acc[2][4];
@@ -308,16 +389,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
 
-    // o = (q e^G) S + P v'
-    for (int e = tid; e < kChunk * DK; e += kThreads) {
-      const int i = e / DK, d = e % DK;
-      As[i * AS + d] = i < L ? s.xn[(start + i) * C + kh * DK + d] * EGs[i] : 0.0f;
-    }
-    const float* Pg = s.p + (static_cast<int64_t>(c) * hv + h) * kChunk * kChunk;
-    for (int e = tid; e < kChunk * kChunk; e += kThreads) Ps[(e / kChunk) * kTS + e % kChunk] = Pg[e];
-    if (tid < kChunk) KDs[tid] = tid < L ? decay_factor(Gs[L - 1] - Gs[tid]) : 0.0f;
-    __syncthreads();
-    times_state<DK>(As, Ss, rg, cq, acc);
+    // o = (q e^G) S + P v', while K comes into the buffer W has left.
+    stage_rows(As, AS, s.xn + start * C + key_dim + kh * DK, C, L, DK);
+    times_state<DK>(Qs, Ss, rg, cq, acc);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = rg + 32 * r;
@@ -338,14 +412,11 @@ __global__ void __launch_bounds__(kThreads)
         if (col < dv) out[col] = acc[r][q] + intra[q];
       }
     }
+    copy_async_wait_all();
+    scale_rows(As, AS, L, DK, KDs);
     __syncthreads();
 
     // S <- e^G_last S + (K e^(G_last - G))^T v': thread (rg, cq) owns state rows rg, rg + 32, ...
-    for (int e = tid; e < kChunk * DK; e += kThreads) {
-      const int i = e / DK, d = e % DK;
-      As[i * AS + d] = i < L ? s.xn[(start + i) * C + key_dim + kh * DK + d] * KDs[i] : 0.0f;
-    }
-    __syncthreads();
     const float e_last = EGs[L - 1];
     for (int d = rg; d < DK; d += 32) {
       float* sp = Ss + d * kStateCols + 4 * cq;

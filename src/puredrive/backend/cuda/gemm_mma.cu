@@ -1,10 +1,12 @@
 // Tensor-core matrix products for prefill steps (kernels.h, "Tensor-core products for prefill"). A block
-// computes kMmaRows activation rows x kMmaCols weight rows with mma.sync m16n8k16 (bf16 in, f32 accumulate);
-// 8 warps in a 2 x 4 layout, 32 x 32 outputs each. Columns advance in stages of kBK through a kStages-deep
-// pipeline: activations (f32) and bf16 weights are copied into shared memory with cp.async; weights of other
-// formats are loaded into registers one stage ahead and decoded (common.cuh, the same f32 values every other
-// kernel uses) into bf16 hi/lo tiles when the stage before has been consumed. Fragments: activations are read
-// as f32 pairs and split into bf16 hi + lo in registers, weights come from ldmatrix.
+// computes kMmaRows activation rows x kMmaCols (bf16 weights: kMmaColsWide) weight rows with mma.sync
+// m16n8k16 (bf16 in, f32 accumulate); 8 warps in a 2 x 4 layout, 32 x 32 (32 x 64) outputs each. Columns
+// advance in stages of kBK through a kStages-deep pipeline: activations (f32) and bf16 weights are copied
+// into shared memory with cp.async; weights of other formats are loaded into registers one stage ahead and
+// decoded (common.cuh, the same f32 values every other kernel uses) into bf16 hi/lo tiles when the stage
+// before has been consumed. Each thread splits the activations it copied into bf16 hi + lo tiles
+// (double-buffered) once its copies have landed, so no other barrier is needed and every warp takes both
+// operands with ldmatrix: a stage costs the block one split per activation instead of one per warp column.
 //
 // Determinism: an output element is the sum, in ascending k16 steps, of hi*hi, lo*hi and (weights not bf16)
 // hi*lo products of its own activation row and weight row, accumulated in one register; nothing depends on R,
@@ -17,20 +19,24 @@ namespace pd::cuda {
 namespace {
 
 constexpr int kBM = kMmaRows;
-constexpr int kBN = kMmaCols;
 constexpr int kBK = 32;
 constexpr int kStages = 3;
 constexpr int kThreads = 256;
-constexpr int kXPitch = kBK + 8;  // floats per staged activation row: conflict-free f32 pair loads
+constexpr int kXPitch = kBK + 8;  // floats per staged activation row
 constexpr int kWPitch = kBK + 8;  // bf16 per staged weight row: 80 bytes, conflict-free ldmatrix
 
-static_assert(kBM == 64 && kBN == 128, "the warp layout assumes 64 x 128 tiles");
+static_assert(kBM == 64, "the warp layout assumes 64-row tiles");
 
 constexpr int kXStage = kBM * kXPitch;  // floats
-constexpr int kWStage = kBN * kWPitch;  // bf16
+constexpr int kAPitch = kBK + 8;        // bf16 per split activation row: conflict-free ldmatrix
+constexpr int kAStage = kBM * kAPitch;  // bf16
+constexpr int w_stage(bool wide) {      // bf16
+  return (wide ? kMmaColsWide : kMmaCols) * kWPitch;
+}
 
-constexpr size_t smem_bytes(bool split) {
-  return static_cast<size_t>(kStages) * (kXStage * 4 + kWStage * 2 * (split ? 2 : 1));
+constexpr size_t smem_bytes(bool split, bool wide) {
+  return static_cast<size_t>(kStages) * (kXStage * 4 + w_stage(wide) * 2 * (split ? 2 : 1)) +
+         size_t{2} * 2 * kAStage * 2;
 }
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -83,18 +89,27 @@ __device__ __forceinline__ WSource weight_source(const DevMatrix& m, int64_t exp
 
 // Each thread stages kChunks chunks of 8 columns of the weight tile (row c / 4, columns 8 (c % 4) of the
 // stage) and kXChunks chunks of 4 activations (row c / 8, columns 4 (c % 8)).
-constexpr int kChunks = kBN * kBK / 8 / kThreads;
 constexpr int kXChunks = kBM * kBK / 4 / kThreads;
-static_assert(kChunks == 2 && kXChunks == 2, "staging assumes two chunks per thread");
+static_assert(kXChunks == 2, "activation staging assumes two chunks per thread");
 
-template <int FMT, int BITS, bool DUAL>
+// WIDE (bf16 weights only, mma_tile_cols): 256 weight rows per tile, a warp 32 x 64 outputs, so each
+// activation fragment serves twice the products (fewer shared-memory reads per mma). Same sums, same bits.
+template <int FMT, int BITS, bool DUAL, bool WIDE>
 __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant__ MmaJob j) {
   constexpr bool kDirect = FMT == static_cast<int>(WFmt::kBF16);  // weights copied as they are
   constexpr bool kSplit = !kDirect;                               // weights need a lo tile
+  static_assert(!WIDE || kDirect, "wide tiles hold bf16 weights only");
+  constexpr int kBN = WIDE ? kMmaColsWide : kMmaCols;
+  constexpr int kWStage = w_stage(WIDE);
+  constexpr int kWN = kBN / 4;  // a warp's weight rows
+  constexpr int kNI = kWN / 8;  // its n8 tiles
+  constexpr int kChunks = kBN * kBK / 8 / kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
   float* const xs = reinterpret_cast<float*>(smem);
   uint16_t* const wh = reinterpret_cast<uint16_t*>(smem + static_cast<size_t>(kStages) * kXStage * 4);
   uint16_t* const wl = wh + kStages * kWStage;
+  uint16_t* const ah_s = wl + (kDirect ? 0 : kStages * kWStage);  // [2][kAStage] hi, then [2][kAStage] lo
+  uint16_t* const al_s = ah_s + 2 * kAStage;
   __shared__ int s_src[kBM], s_dst[kBM];
 
   int p = 0;
@@ -147,9 +162,13 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
   // Tile row r holds weight row nt * kBN + r, or for a gate/up pair row nt * kBN / 2 + r / 2 of the gate
   // (r even) or the up projection (r odd): a thread's accumulator pair (c0, c1) is then (gate, up) of one
   // output.
-  WSource src[kChunks];
+  // bf16 weights: chunk i is chunk 0's row + i kRowStep of the same matrix (kThreads / 4 tile rows on, an
+  // even count), so one source serves them all and keeps the wide tile's registers down.
+  constexpr int kSources = kDirect ? 1 : kChunks;
+  constexpr int kRowStep = kThreads / 4 / (DUAL ? 2 : 1);
+  WSource src[kSources];
 #pragma unroll
-  for (int i = 0; i < kChunks; ++i) {
+  for (int i = 0; i < kSources; ++i) {
     const int r = (tid + i * kThreads) >> 2;
     if constexpr (DUAL) {
       src[i] =
@@ -176,15 +195,32 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
       }
     }
   };
+  // The thread's own copies of the stage, split into buffer `buf` (they landed: cp_async_wait by this
+  // thread).
+  auto split_x = [&](int stage, int buf) {
+    const float* base = xs + stage * kXStage;
+#pragma unroll
+    for (int i = 0; i < kXChunks; ++i) {
+      const int c = tid + i * kThreads;
+      const float4 v = *reinterpret_cast<const float4*>(base + (c >> 3) * kXPitch + (c & 7) * 4);
+      uint2 hi, lo;
+      split_pair(v.x, v.y, &hi.x, &lo.x);
+      split_pair(v.z, v.w, &hi.y, &lo.y);
+      const int at = buf * kAStage + (c >> 3) * kAPitch + (c & 7) * 4;
+      *reinterpret_cast<uint2*>(ah_s + at) = hi;
+      *reinterpret_cast<uint2*>(al_s + at) = lo;
+    }
+  };
   auto load_w_direct = [&](int stage, int64_t k0) {
     uint16_t* base = wh + stage * kWStage;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int c = tid + i * kThreads;
       const int64_t k = k0 + (c & 3) * 8;
-      const bool ok = src[i].ok && k < K;
-      const uint16_t* s = ok ? static_cast<const uint16_t*>(src[i].data) + src[i].n * K + k
-                             : static_cast<const uint16_t*>(P.w.data);
+      const int64_t n = src[0].n + i * kRowStep;
+      const bool ok = n < src[0].m->rows && k < K;
+      const uint16_t* s =
+          ok ? static_cast<const uint16_t*>(src[0].data) + n * K + k : static_cast<const uint16_t*>(P.w.data);
       cp_async16(base + (c >> 2) * kWPitch + (c & 3) * 8, s, ok);
     }
   };
@@ -193,16 +229,19 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
   float wdec[FMT == kAnyFmt ? kChunks : 1][8];
   bool wok[kChunks];
   auto fetch_w = [&](int64_t k0) {
+    if constexpr (!kDirect) {
 #pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int c = tid + i * kThreads;
-      const int64_t chunk = k0 / 8 + (c & 3);
-      wok[i] = src[i].ok && chunk * 8 < K;
-      if (!wok[i]) continue;
-      if constexpr (FMT == kAnyFmt) {
-        load_w8_any(*src[i].m, src[i].data, src[i].scales, src[i].biases, src[i].n, chunk, wdec[i]);
-      } else if constexpr (!kDirect) {
-        raw[i] = load_raw8<FMT, BITS>(*src[i].m, src[i].data, src[i].scales, src[i].biases, src[i].n, chunk);
+      for (int i = 0; i < kChunks; ++i) {
+        const int c = tid + i * kThreads;
+        const int64_t chunk = k0 / 8 + (c & 3);
+        wok[i] = src[i].ok && chunk * 8 < K;
+        if (!wok[i]) continue;
+        if constexpr (FMT == kAnyFmt) {
+          load_w8_any(*src[i].m, src[i].data, src[i].scales, src[i].biases, src[i].n, chunk, wdec[i]);
+        } else {
+          raw[i] =
+              load_raw8<FMT, BITS>(*src[i].m, src[i].data, src[i].scales, src[i].biases, src[i].n, chunk);
+        }
       }
     }
   };
@@ -233,12 +272,13 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
   (void)wdec;
 
   const int warp = tid >> 5, lane = tid & 31;
-  const int wm = warp >> 2, wn = warp & 3;  // 32-row, 32-column quarter of the tile
+  const int wm = warp >> 2, wn = warp & 3;  // 32 activation rows x kWN weight rows of the tile
   const int g = lane >> 2, t4 = lane & 3;
-  float acc[2][4][4] = {};
+  float acc[2][kNI][4] = {};
 
-  auto compute = [&](int stage) {
-    const float* xb = xs + stage * kXStage;
+  auto compute = [&](int stage, int buf) {
+    const uint16_t* xhb = ah_s + buf * kAStage;
+    const uint16_t* xlb = al_s + buf * kAStage;
     const uint16_t* hb = wh + stage * kWStage;
     const uint16_t* lb = wl + stage * kWStage;
 #pragma unroll
@@ -246,23 +286,18 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
       uint32_t ah[2][4], al[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        const float* r0 = xb + (wm * 32 + mi * 16 + g) * kXPitch + kk + 2 * t4;
-        const float2 v0 = *reinterpret_cast<const float2*>(r0);
-        const float2 v1 = *reinterpret_cast<const float2*>(r0 + 8 * kXPitch);
-        const float2 v2 = *reinterpret_cast<const float2*>(r0 + 8);
-        const float2 v3 = *reinterpret_cast<const float2*>(r0 + 8 * kXPitch + 8);
-        split_pair(v0.x, v0.y, &ah[mi][0], &al[mi][0]);
-        split_pair(v1.x, v1.y, &ah[mi][1], &al[mi][1]);
-        split_pair(v2.x, v2.y, &ah[mi][2], &al[mi][2]);
-        split_pair(v3.x, v3.y, &ah[mi][3], &al[mi][3]);
+        // Matrices 0..3: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
+        const int at = (wm * 32 + mi * 16 + (lane & 15)) * kAPitch + kk + (lane >> 4) * 8;
+        ldmatrix_x4(ah[mi], xhb + at);
+        ldmatrix_x4(al[mi], xlb + at);
       }
-      uint32_t bh[4][2], bl[4][2];
+      uint32_t bh[kNI][2], bl[kSplit ? kNI : 1][2];
       (void)bl;
 #pragma unroll
-      for (int pr = 0; pr < 2; ++pr) {
+      for (int pr = 0; pr < kNI / 2; ++pr) {
         // Matrices 0..3 of ldmatrix.x4: (n tile 2 pr, k 0-7), (2 pr, k 8-15), (2 pr + 1, k 0-7), (2 pr + 1,
         // k 8-15); lanes 8q..8q+7 address the rows of matrix q.
-        const int row = wn * 32 + pr * 16 + (lane >> 4) * 8 + (lane & 7);
+        const int row = wn * kWN + pr * 16 + (lane >> 4) * 8 + (lane & 7);
         const int col = kk + ((lane >> 3) & 1) * 8;
         uint32_t r[4];
         ldmatrix_x4(r, hb + row * kWPitch + col);
@@ -275,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
+        for (int ni = 0; ni < kNI; ++ni) {
           mma_bf16(acc[mi][ni], ah[mi], bh[ni]);
           mma_bf16(acc[mi][ni], al[mi], bh[ni]);
           if constexpr (kSplit) mma_bf16(acc[mi][ni], ah[mi], bl[ni]);
@@ -301,7 +336,8 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
   }
   for (int kt = 0; kt < kt_count; ++kt) {
     cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage kt is visible; stage kt - 1 is no longer read
+    split_x(kt % kStages, kt & 1);  // its buffer was last read by compute(kt - 2), before the last barrier
+    __syncthreads();                // stage kt is visible; stage kt - 1 is no longer read
     const int next = kt + kStages - 1;
     const int ns = next % kStages;
     if (next < kt_count) {
@@ -313,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
       }
     }
     cp_async_commit();
-    compute(kt % kStages);
+    compute(kt % kStages, kt & 1);
     if constexpr (!kDirect) {
       if (next < kt_count) store_w(ns);
     }
@@ -331,9 +367,9 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
       if (d < 0) continue;
       float* o = P.out + static_cast<int64_t>(d) * P.os;
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
+      for (int ni = 0; ni < kNI; ++ni) {
         const float c0 = acc[mi][ni][2 * half], c1 = acc[mi][ni][2 * half + 1];
-        const int col = wn * 32 + ni * 8 + 2 * t4;
+        const int col = wn * kWN + ni * 8 + 2 * t4;
         if constexpr (DUAL) {
           const int64_t f = static_cast<int64_t>(nt) * (kBN / 2) + (col >> 1);
           if (f < N) o[f] = siluf_(c0) * c1;
@@ -347,16 +383,16 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
   }
 }
 
-template <int FMT, int BITS, bool DUAL>
+template <int FMT, int BITS, bool DUAL, bool WIDE>
 void launch_kernel(const MmaJob& j, dim3 grid, cudaStream_t stream) {
-  launch_pdl(mma_kernel<FMT, BITS, DUAL>, grid, dim3(kThreads),
-             smem_bytes(FMT != static_cast<int>(WFmt::kBF16)), stream, j);
+  launch_pdl(mma_kernel<FMT, BITS, DUAL, WIDE>, grid, dim3(kThreads),
+             smem_bytes(FMT != static_cast<int>(WFmt::kBF16), WIDE), stream, j);
 }
 
-template <int FMT, int BITS, bool DUAL>
+template <int FMT, int BITS, bool DUAL, bool WIDE>
 void opt_in() {
-  cudaFuncSetAttribute(mma_kernel<FMT, BITS, DUAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(smem_bytes(FMT != static_cast<int>(WFmt::kBF16))));
+  cudaFuncSetAttribute(mma_kernel<FMT, BITS, DUAL, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(smem_bytes(FMT != static_cast<int>(WFmt::kBF16), WIDE)));
 }
 
 }  // namespace
@@ -366,12 +402,14 @@ void init_mma_kernels() {
     for (int bits = 2; bits <= 8; ++bits) {
       if (f != WFmt::kAffine && bits > 2) break;
       with_format(f, bits, [](auto t) {
-        opt_in<decltype(t)::kFmt, decltype(t)::kBits, false>();
-        opt_in<decltype(t)::kFmt, decltype(t)::kBits, true>();
+        opt_in<decltype(t)::kFmt, decltype(t)::kBits, false, false>();
+        opt_in<decltype(t)::kFmt, decltype(t)::kBits, true, false>();
       });
     }
   }
-  opt_in<kAnyFmt, 0, true>();
+  opt_in<static_cast<int>(WFmt::kBF16), 0, false, true>();
+  opt_in<static_cast<int>(WFmt::kBF16), 0, true, true>();
+  opt_in<kAnyFmt, 0, true, false>();
 }
 
 void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream) {
@@ -380,18 +418,28 @@ void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream) {
   if (n_tiles <= 0) return;
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(n_tiles));
   const DevMatrix& w = j.part[0].w;
+  if (j.tile_cols == kMmaColsWide) {  // bf16 weights (mma_tile_cols)
+    if (j.dual) {
+      launch_kernel<static_cast<int>(WFmt::kBF16), 0, true, true>(j, grid, stream);
+    } else {
+      launch_kernel<static_cast<int>(WFmt::kBF16), 0, false, true>(j, grid, stream);
+    }
+    return;
+  }
   if (j.dual) {
     const DevMatrix& w2 = j.part[0].w2;
     if (w.fmt != w2.fmt || w.bits != w2.bits) {
-      launch_kernel<kAnyFmt, 0, true>(j, grid, stream);
+      launch_kernel<kAnyFmt, 0, true, false>(j, grid, stream);
       return;
     }
-    with_format(w.fmt, w.bits,
-                [&](auto t) { launch_kernel<decltype(t)::kFmt, decltype(t)::kBits, true>(j, grid, stream); });
+    with_format(w.fmt, w.bits, [&](auto t) {
+      launch_kernel<decltype(t)::kFmt, decltype(t)::kBits, true, false>(j, grid, stream);
+    });
     return;
   }
-  with_format(w.fmt, w.bits,
-              [&](auto t) { launch_kernel<decltype(t)::kFmt, decltype(t)::kBits, false>(j, grid, stream); });
+  with_format(w.fmt, w.bits, [&](auto t) {
+    launch_kernel<decltype(t)::kFmt, decltype(t)::kBits, false, false>(j, grid, stream);
+  });
 }
 
 }  // namespace pd::cuda

@@ -85,7 +85,8 @@ void launch_tiled(const TileJob& j, int groups, int max_rows, cudaStream_t strea
 // ascending stages of kMmaK in one fixed order, and its value depends only on its own activation row and
 // weight row: not on R, on the row's place in its tile, or on the other rows (docs/DESIGN.md §4.6).
 constexpr int kMmaRows = 64;
-constexpr int kMmaCols = 128;  // weight rows per tile (a gate/up pair: 64 outputs, rows interleaved)
+constexpr int kMmaCols = 128;      // weight rows per tile (a gate/up pair: 64 outputs, rows interleaved)
+constexpr int kMmaColsWide = 256;  // the same for bf16 weights (mma_tile_cols)
 constexpr int kMmaMaxParts = 4;
 // A part: one matrix (or a gate/up pair) applied to a set of activation rows. Parts of a job are laid out
 // along the grid's y axis (n_tiles_end: cumulative weight-row tiles), activation-row tiles along x.
@@ -103,8 +104,9 @@ struct MmaPart {
 struct MmaJob {
   MmaPart part[kMmaMaxParts];
   int parts = 0;
-  bool dual = false;        // out = silu(x . W^T) * (x . W2^T)
-  bool accumulate = false;  // out = out + x . W^T (not dual)
+  int tile_cols = kMmaCols;  // weight rows per tile, for every part: mma_tile_cols of part 0
+  bool dual = false;         // out = silu(x . W^T) * (x . W2^T)
+  bool accumulate = false;   // out = out + x . W^T (not dual)
   // Expert lists of grouped parts (moe_partition.h): entries of expert e are list[e * list_stride + i],
   // i < count[e]; its row tiles are [tile_start[e], tile_start[e + 1]).
   const int* list = nullptr;
@@ -113,6 +115,16 @@ struct MmaJob {
   const int* tile_start = nullptr;
   int experts = 0;
 };
+// Weight rows per tile of a product over w (and w2, the up projection of a gate/up pair): bf16 matrices of
+// at least 4 wide tiles take wide tiles, which read fewer shared-memory bytes per mma (a smaller one, like
+// the router, would leave too few blocks); the sums and bits are the same either way. PD_MMA_WIDE=0 keeps
+// every product narrow (same-run comparisons).
+inline int mma_tile_cols(const DevMatrix& w, const DevMatrix* w2) {
+  static const bool wide = env_switch_on("PD_MMA_WIDE");
+  const bool bf16 = w.fmt == WFmt::kBF16 && (w2 == nullptr || w2->fmt == WFmt::kBF16);
+  const int64_t rows = w2 == nullptr ? w.rows : 2 * w.rows;
+  return wide && bf16 && rows >= 4 * kMmaColsWide ? kMmaColsWide : kMmaCols;
+}
 // m_tiles: the grid's x extent (the most row tiles any part can have; blocks past a part's tiles exit).
 // Every part of a job has the weight format of part[0] (dual: w and w2 may differ from each other).
 void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream);

@@ -128,7 +128,8 @@ void add_part(MmaJob& j, const DevMatrix& w, const DevMatrix* w2, const float* x
   p.rows = rows;
   p.grouped = grouped;
   p.list_div = list_div;
-  const int per_tile = w2 != nullptr ? kMmaCols / 2 : kMmaCols;
+  if (j.parts == 0) j.tile_cols = mma_tile_cols(w, w2);
+  const int per_tile = j.tile_cols / (w2 != nullptr ? 2 : 1);
   const int before = j.parts == 0 ? 0 : j.part[j.parts - 1].n_tiles_end;
   p.n_tiles_end = before + tiles_for_rows(static_cast<int>(w.rows), per_tile);
   ++j.parts;
