@@ -95,8 +95,8 @@ std::vector<double> double_product(const std::vector<float>& x, const test::Owne
 }
 
 // Every format, tiles cut short in every direction: rows not a multiple of 64 (1, 37, 130), weight rows
-// not a multiple of 64 or 128 (37, 200), columns ending inside a 32-column stage (dense 40 and 264) or
-// spanning many (2048); overwrite and add.
+// not a multiple of 64 or 128 (37, 200; bf16 also 1100, whose tiles are 256 rows wide under PD_MMA_WIDE=1),
+// columns ending inside a 32-column stage (dense 40 and 264) or spanning many (2048); overwrite and add.
 TEST_F(CudaPrefill, MatmulEveryFormatMatchesCpuAndDoubleReference) {
   double worst = 0;
   for (const FormatCase& f : every_format()) {
@@ -104,7 +104,9 @@ TEST_F(CudaPrefill, MatmulEveryFormatMatchesCpuAndDoubleReference) {
                                         ? std::vector<int64_t>{f.group * 3L, 2048}
                                         : std::vector<int64_t>{40, 264, 2048};
     for (int64_t K : ks) {
-      for (int64_t N : {int64_t{37}, int64_t{200}}) {
+      std::vector<int64_t> ns = {37, 200};
+      if (f.format == WeightFormat::kBF16) ns.push_back(1100);
+      for (int64_t N : ns) {
         SCOPED_TRACE(fmt::format("{} K={} N={}", describe(f), K, N));
         auto w = test::make_matrix(rng_, N, K, f.format, f.bits, f.group, 0.5f, f.scale_dtype);
         const MatrixId wc = cpu_->bind_matrix(w->m).value(), wg = gpu_->bind_matrix(w->m).value();
@@ -316,7 +318,9 @@ TEST_F(CudaPrefill, GroupedMoeMatchesCpuAndIsChunkInvariant) {
        true,
        true},
       {64, 8, 256, 128, 0, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}, false, true},
-      {64, 8, 256, 128, 0, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}}};
+      {64, 8, 256, 128, 0, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
+      // gate/up pairs of 1024 rows and a down product of 1024: the wide tiles under PD_MMA_WIDE=1.
+      {8, 2, 1024, 512, 512, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}}};
   for (const MoeCase& c : cases) {
     if (cudatest::small() && &c != &cases.front()) break;
     SCOPED_TRACE(fmt::format("E={} k={} {}{}{}", c.experts, c.top_k, describe(c.g),
