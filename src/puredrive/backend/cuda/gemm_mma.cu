@@ -93,7 +93,8 @@ constexpr int kXChunks = kBM * kBK / 4 / kThreads;
 static_assert(kXChunks == 2, "activation staging assumes two chunks per thread");
 
 // WIDE (bf16 weights only, mma_tile_cols): 256 weight rows per tile, a warp 32 x 64 outputs, so each
-// activation fragment serves twice the products (fewer shared-memory reads per mma). Same sums, same bits.
+// activation fragment serves twice the products (fewer shared-memory reads per mma). Each output keeps
+// its sum and its order, so the bits should not change (no test has compared them on a GPU yet).
 template <int FMT, int BITS, bool DUAL, bool WIDE>
 __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant__ MmaJob j) {
   constexpr bool kDirect = FMT == static_cast<int>(WFmt::kBF16);  // weights copied as they are

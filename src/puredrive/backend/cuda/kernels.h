@@ -117,7 +117,7 @@ struct MmaJob {
 };
 // Weight rows per tile of a product over w (and w2, the up projection of a gate/up pair): with PD_MMA_WIDE=1,
 // bf16 matrices of at least 4 wide tiles take wide tiles, which read fewer shared-memory bytes per mma (a
-// smaller one, like the router, would leave too few blocks); the sums and bits are the same either way.
+// smaller one, like the router, would leave too few blocks); each output keeps its sum and order either way.
 // Opt-in until the CUDA tests that reach wide tiles (cuda_prefill_test.cpp, 1100 and 1024 weight rows) have
 // run on a GPU with it set.
 inline int mma_tile_cols(const DevMatrix& w, const DevMatrix* w2) {
