@@ -95,7 +95,7 @@ std::vector<double> double_product(const std::vector<float>& x, const test::Owne
 }
 
 // Every format, tiles cut short in every direction: rows not a multiple of 64 (1, 37, 130), weight rows
-// not a multiple of 64 or 128 (37, 200; bf16 also 1100, whose tiles are 256 rows wide under PD_MMA_WIDE=1),
+// not a multiple of 64 or 128 (37, 200; bf16 also 1100, whose tiles are 256 rows wide),
 // columns ending inside a 32-column stage (dense 40 and 264) or spanning many (2048); overwrite and add.
 TEST_F(CudaPrefill, MatmulEveryFormatMatchesCpuAndDoubleReference) {
   double worst = 0;
@@ -319,7 +319,7 @@ TEST_F(CudaPrefill, GroupedMoeMatchesCpuAndIsChunkInvariant) {
        true},
       {64, 8, 256, 128, 0, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}, false, true},
       {64, 8, 256, 128, 0, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
-      // gate/up pairs of 1024 rows and a down product of 1024: the wide tiles under PD_MMA_WIDE=1.
+      // gate/up pairs of 1024 rows and a down product of 1024: the wide tiles.
       {8, 2, 1024, 512, 512, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}}};
   for (const MoeCase& c : cases) {
     if (cudatest::small() && &c != &cases.front()) break;

@@ -21,7 +21,7 @@ namespace {
 
 constexpr int kChunk = kGdnPrefillChunk;
 constexpr int kThreads = 256;
-constexpr int kStateCols = 32;   // state columns per block of the state kernel
+constexpr int kStateCols = 32;   // state columns per block of the state kernel, at most
 constexpr int kTS = kChunk + 1;  // row stride of the [64, 64] shared tiles (no bank conflicts)
 
 // e^x for a log decay x <= 0, or 0 below e^-50: as the CPU backend (gdn_chunked.cpp, which flushes these for
@@ -303,21 +303,32 @@ size_t state_smem_floats(int dk) {
          kChunk * kStateCols + 3 * kChunk;
 }
 
-// rows x 32 columns of A (staged, [64][DK + 1]) times the state block: thread (rg, cq) sums rows rg and
-// rg + 32, columns 4 cq .. 4 cq + 3, over the key dim in ascending order.
-template <int DK>
+// A block of the state kernel owns COLS state columns: thread (rg, cq) owns columns 4 cq .. 4 cq + 3 and
+// the chunk rows rg + kRowGroups r (StateTiling<COLS>::kRows of them).
+template <int COLS>
+struct StateTiling {
+  static constexpr int kColGroups = COLS / 4;
+  static constexpr int kRowGroups = kThreads / kColGroups;
+  static constexpr int kRows = kChunk / kRowGroups;
+  static_assert(kRows * kRowGroups == kChunk, "whole chunk rows per thread");
+};
+
+// The chunk's 64 rows of A (staged, [64][DK + 1]) times the state block, the thread's rows and columns
+// (StateTiling), each summed over the key dim in ascending order.
+template <int DK, int COLS>
 __device__ __forceinline__ void times_state(const float* As, const float* Ss, int rg, int cq,
-                                            float acc[2][4]) {
+                                            float acc[StateTiling<COLS>::kRows][4]) {
+  constexpr int kRows = StateTiling<COLS>::kRows, kRowGroups = StateTiling<COLS>::kRowGroups;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRows; ++r) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[r][q] = 0.0f;
   }
   for (int d = 0; d < DK; ++d) {
-    const float4 sv = *reinterpret_cast<const float4*>(Ss + d * kStateCols + 4 * cq);
+    const float4 sv = *reinterpret_cast<const float4*>(Ss + d * COLS + 4 * cq);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float a = As[(rg + 32 * r) * (DK + 1) + d];
+    for (int r = 0; r < kRows; ++r) {
+      const float a = As[(rg + kRowGroups * r) * (DK + 1) + d];
       acc[r][0] = fmaf(a, sv.x, acc[r][0]);
       acc[r][1] = fmaf(a, sv.y, acc[r][1]);
       acc[r][2] = fmaf(a, sv.z, acc[r][2]);
@@ -326,9 +337,9 @@ __device__ __forceinline__ void times_state(const float* As, const float* Ss, in
   }
 }
 
-// 3. Value head blockIdx.x, state columns [32 blockIdx.y, 32 blockIdx.y + 32): the segment's chunks in order.
-// Step rows r0 + i for segment rows i.
-template <int DK>
+// 3. Value head blockIdx.x, state columns [COLS blockIdx.y, COLS blockIdx.y + COLS): the segment's chunks in
+// order. Step rows r0 + i for segment rows i.
+template <int DK, int COLS>
 __global__ void __launch_bounds__(kThreads)
     gdn_prefill_state_kernel(GdnLaunch g, int r0, int seg_rows, int first_len, int n_chunks) {
   pdl_enter();
@@ -336,24 +347,25 @@ __global__ void __launch_bounds__(kThreads)
   const int dv = g.v_head_dim, hv = g.num_v_heads;
   const int64_t key_dim = int64_t{g.num_k_heads} * DK;
   const int64_t C = channels_of(g);
-  const int h = static_cast<int>(blockIdx.x), col0 = static_cast<int>(blockIdx.y) * kStateCols;
+  const int h = static_cast<int>(blockIdx.x), col0 = static_cast<int>(blockIdx.y) * COLS;
+  constexpr int kRows = StateTiling<COLS>::kRows, kRowGroups = StateTiling<COLS>::kRowGroups;
   const int kh = h / (hv / g.num_k_heads);
   const PrefillScratch s = prefill_scratch(g);
   constexpr int AS = DK + 1;
-  float* Ss = smem;                      // [DK][32]: the state block
-  float* As = Ss + DK * kStateCols;      // [64][AS]: W, then K e^(G_last - G)
-  float* Qs = As + kChunk * AS;          // [64][AS]: q e^G
-  float* Ps = Qs + kChunk * AS;          // [64][kTS]
-  float* Vs = Ps + kChunk * kTS;         // [64][32]: v'
-  float* Gs = Vs + kChunk * kStateCols;  // [64]
-  float* EGs = Gs + kChunk;              // [64] e^G
-  float* KDs = EGs + kChunk;             // [64] e^(G_last - G)
+  float* Ss = smem;                // [DK][32]: the state block
+  float* As = Ss + DK * COLS;      // [64][AS]: W, then K e^(G_last - G)
+  float* Qs = As + kChunk * AS;    // [64][AS]: q e^G
+  float* Ps = Qs + kChunk * AS;    // [64][kTS]
+  float* Vs = Ps + kChunk * kTS;   // [64][32]: v'
+  float* Gs = Vs + kChunk * COLS;  // [64]
+  float* EGs = Gs + kChunk;        // [64] e^G
+  float* KDs = EGs + kChunk;       // [64] e^(G_last - G)
   const int tid = static_cast<int>(threadIdx.x);
-  const int cq = tid % 8, rg = tid / 8;
+  const int cq = tid % StateTiling<COLS>::kColGroups, rg = tid / StateTiling<COLS>::kColGroups;
   const int64_t u_stride = int64_t{hv} * dv, w_stride = int64_t{hv} * DK;
   float* state = g.recurrent + static_cast<int64_t>(h) * DK * dv;
-  for (int e = tid; e < DK * kStateCols; e += kThreads) {
-    const int d = e / kStateCols, col = col0 + e % kStateCols;
+  for (int e = tid; e < DK * COLS; e += kThreads) {
+    const int d = e / COLS, col = col0 + e % COLS;
     Ss[e] = col < dv ? state[static_cast<int64_t>(d) * dv + col] : 0.0f;
   }
   for (int c = 0; c < n_chunks; ++c) {
@@ -373,33 +385,33 @@ __global__ void __launch_bounds__(kThreads)
     if (tid < kChunk) KDs[tid] = tid < L ? decay_factor(Gs[L - 1] - Gs[tid]) : 0.0f;
 
     // v' = U - W S
-    float acc[2][4];
-    times_state<DK>(As, Ss, rg, cq, acc);
+    float acc[kRows][4];
+    times_state<DK, COLS>(As, Ss, rg, cq, acc);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = rg + 32 * r;
+    for (int r = 0; r < kRows; ++r) {
+      const int i = rg + kRowGroups * r;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int col = col0 + 4 * cq + q;
         float v = 0.0f;
         if (i < L && col < dv)
           v = s.u[(start + i) * u_stride + static_cast<int64_t>(h) * dv + col] - acc[r][q];
-        Vs[i * kStateCols + 4 * cq + q] = v;
+        Vs[i * COLS + 4 * cq + q] = v;
       }
     }
     __syncthreads();
 
     // o = (q e^G) S + P v', while K comes into the buffer W has left.
     stage_rows(As, AS, s.xn + start * C + key_dim + kh * DK, C, L, DK);
-    times_state<DK>(Qs, Ss, rg, cq, acc);
+    times_state<DK, COLS>(Qs, Ss, rg, cq, acc);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = rg + 32 * r;
+    for (int r = 0; r < kRows; ++r) {
+      const int i = rg + kRowGroups * r;
       if (i >= L) continue;
       float intra[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       for (int m = 0; m <= i; ++m) {
         const float p = Ps[i * kTS + m];
-        const float4 v = *reinterpret_cast<const float4*>(Vs + m * kStateCols + 4 * cq);
+        const float4 v = *reinterpret_cast<const float4*>(Vs + m * COLS + 4 * cq);
         intra[0] = fmaf(p, v.x, intra[0]);
         intra[1] = fmaf(p, v.y, intra[1]);
         intra[2] = fmaf(p, v.z, intra[2]);
@@ -416,14 +428,14 @@ __global__ void __launch_bounds__(kThreads)
     scale_rows(As, AS, L, DK, KDs);
     __syncthreads();
 
-    // S <- e^G_last S + (K e^(G_last - G))^T v': thread (rg, cq) owns state rows rg, rg + 32, ...
+    // S <- e^G_last S + (K e^(G_last - G))^T v': thread (rg, cq) owns state rows rg + kRowGroups k.
     const float e_last = EGs[L - 1];
-    for (int d = rg; d < DK; d += 32) {
-      float* sp = Ss + d * kStateCols + 4 * cq;
+    for (int d = rg; d < DK; d += kRowGroups) {
+      float* sp = Ss + d * COLS + 4 * cq;
       float a0 = sp[0] * e_last, a1 = sp[1] * e_last, a2 = sp[2] * e_last, a3 = sp[3] * e_last;
       for (int m = 0; m < L; ++m) {
         const float kd = As[m * AS + d];
-        const float4 v = *reinterpret_cast<const float4*>(Vs + m * kStateCols + 4 * cq);
+        const float4 v = *reinterpret_cast<const float4*>(Vs + m * COLS + 4 * cq);
         a0 = fmaf(kd, v.x, a0);
         a1 = fmaf(kd, v.y, a1);
         a2 = fmaf(kd, v.z, a2);
@@ -436,8 +448,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
-  for (int e = tid; e < DK * kStateCols; e += kThreads) {
-    const int d = e / kStateCols, col = col0 + e % kStateCols;
+  for (int e = tid; e < DK * COLS; e += kThreads) {
+    const int d = e / COLS, col = col0 + e % COLS;
     if (col < dv) state[static_cast<int64_t>(d) * dv + col] = Ss[e];
   }
 }
@@ -490,17 +502,26 @@ void launch_segment(const GdnLaunch& g, int r0, int seg_rows, int first_len, int
                     cudaStream_t stream) {
   launch_pdl(gdn_prefill_chunk_kernel<DK>, dim3(n_chunks, g.num_v_heads), dim3(kThreads),
              chunk_smem_floats(DK, g.v_head_dim) * sizeof(float), stream, g, seg_rows, first_len);
-  launch_pdl(gdn_prefill_state_kernel<DK>, dim3(g.num_v_heads, grid_for(g.v_head_dim, kStateCols)),
-             dim3(kThreads), state_smem_floats(DK) * sizeof(float), stream, g, r0, seg_rows, first_len,
-             n_chunks);
+  // 16 columns per block: twice the blocks (256 for 32 value heads, two per SM), half the chain per block.
+  // PD_GDN_STATE_COLS16=0: 32 (same-run comparisons). The sums are the same either way.
+  static const bool narrow = env_switch_on("PD_GDN_STATE_COLS16");
+  const size_t smem = state_smem_floats(DK) * sizeof(float);
+  if (narrow) {
+    launch_pdl(gdn_prefill_state_kernel<DK, 16>, dim3(g.num_v_heads, grid_for(g.v_head_dim, 16)),
+               dim3(kThreads), smem, stream, g, r0, seg_rows, first_len, n_chunks);
+  } else {
+    launch_pdl(gdn_prefill_state_kernel<DK, 32>, dim3(g.num_v_heads, grid_for(g.v_head_dim, 32)),
+               dim3(kThreads), smem, stream, g, r0, seg_rows, first_len, n_chunks);
+  }
 }
 
 template <int DK>
 void set_limit(size_t bytes) {
   cudaFuncSetAttribute(gdn_prefill_chunk_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                        static_cast<int>(bytes));
-  cudaFuncSetAttribute(gdn_prefill_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(bytes));
+  for (auto* k : {gdn_prefill_state_kernel<DK, 16>, gdn_prefill_state_kernel<DK, 32>}) {
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  }
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // The GDN recurrence of a decode/verify chunk (spec §5), split by value columns: the S blocks of a cluster
 // share value head h, block c owns columns [c Dv / S, (c + 1) Dv / S), and thread (j, part) owns column j,
-// state rows [part Dk / 4, (part + 1) Dk / 4). Per row: l2norm of q and k (each block, fixed-order block
-// sums), decay, delta rule, readout (sums over the key dim ascending inside a thread, then
-// ((p0 + p1) + (p2 + p3)) across the four parts), the per-row state snapshot. The gated RMSNorm needs the sum
-// of o^2 over the head: each block sums its columns per row, the cluster exchanges the partial sums once
-// after the last row (distributed shared memory), and every block adds them in block order. A row's results
-// depend only on the state before it and its own inputs, so the split changes nothing across R.
+// state rows [part Dk / 4, (part + 1) Dk / 4). Rows go in groups of kRowGroup: the group's inputs are loaded
+// at once and its q and k l2norms computed together (fixed-order block sums, one barrier pass for the
+// group), so the rows' recurrence itself runs without a barrier or a memory wait: decay, delta rule,
+// readout (sums over the key dim ascending inside a thread, then ((p0 + p1) + (p2 + p3)) across the four
+// parts), the per-row state snapshot. The gated RMSNorm needs the sum of o^2 over the head: each block sums
+// its columns per row (once per group), the cluster exchanges the partial sums once after the last row
+// (distributed shared memory), and every block adds them in block order. A row's results depend only on the
+// state before it and its own inputs, and every sum has the same order whatever the group holds, so the
+// split and the grouping change nothing across R.
 #include <cooperative_groups.h>
 
 #include "puredrive/backend/cuda/common.cuh"
@@ -17,8 +20,36 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kMaxSplit = 4;
+constexpr int kRowGroup = 8;   // rows whose inputs are loaded and normalised together (PD_GDN_ROW_GROUP=0: 1)
+constexpr int kMaxWarps = 16;  // 512 threads
 
-template <int RPT>
+// N fixed-order block sums at once (block_sum's order: the xor butterfly in each warp, then the warps' sums
+// in ascending order), with one pass of barriers; the sums land in tot[0..N).
+template <int N>
+__device__ __forceinline__ void block_sums(float v[N], float (*red)[kMaxWarps], float* tot) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
+  }
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  __syncthreads();  // red and tot may still be read by a previous call
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) red[i][warp] = v[i];
+  }
+  __syncthreads();
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < N) {
+    float s = red[t][0];
+    const int nw = static_cast<int>(blockDim.x >> 5);
+    for (int w = 1; w < nw; ++w) s = s + red[t][w];
+    tot[t] = s;
+  }
+  __syncthreads();
+}
+
+template <int RPT, int G>
 __global__ void __launch_bounds__(512)
     gdn_recurrent_split_kernel(GdnLaunch g, int r0, int rows, const float* conv_out, int split) {
   PD_TRACE_SCOPE(kGdnRecurrent, rows);
@@ -29,8 +60,9 @@ __global__ void __launch_bounds__(512)
   const int Dk = RPT * kParts;
   const int Dv = g.v_head_dim;
   const int cols = Dv / split;
-  __shared__ float qs[RPT * kParts], ks[RPT * kParts];
-  __shared__ float red[32];
+  __shared__ float qs[G][RPT * kParts], ks[G][RPT * kParts];
+  __shared__ float red[2 * G][kMaxWarps];
+  __shared__ float tot[2 * G];
   __shared__ float o_part[kGdnChunk];  // this block's sum of o^2 per row
   extern __shared__ float o_raw[];     // [rows][cols]: readout before the gated norm
   const int h = static_cast<int>(blockIdx.x) / split;
@@ -50,47 +82,73 @@ __global__ void __launch_bounds__(512)
   const float neg_a = -expf(g.A_log[h]);
   const float dt_bias = g.dt_bias[h];
   const float q_scale = static_cast<float>(1.0 / sqrt(static_cast<double>(Dk)));
-  for (int r = 0; r < rows; ++r) {
-    const int64_t gr = r0 + r;
-    const float* x = conv_out + static_cast<int64_t>(r) * C;
+  for (int first = 0; first < rows; first += G) {
+    const int n = min(G, rows - first);
+    // The group's inputs, all loads in flight together; q and k raw into shared memory.
+    float sq[2 * G], vv[G], bv[G], av[G];
+#pragma unroll
+    for (int r = 0; r < G; ++r) {
+      const bool ok = r < n;
+      const int64_t gr = r0 + first + r;
+      const float* x = conv_out + static_cast<int64_t>(first + r) * C;
+      const float qv = ok && tid < Dk ? x[kh * Dk + tid] : 0.0f;
+      const float kv = ok && tid < Dk ? x[key_dim + kh * Dk + tid] : 0.0f;
+      vv[r] = ok ? x[2 * key_dim + static_cast<int64_t>(h) * Dv + j] : 0.0f;
+      bv[r] = ok ? g.b[gr * g.b_stride + h] : 0.0f;
+      av[r] = ok ? g.a[gr * g.a_stride + h] : 0.0f;
+      if (tid < Dk) {
+        qs[r][tid] = qv;
+        ks[r][tid] = kv;
+      }
+      sq[2 * r] = qv * qv;
+      sq[2 * r + 1] = kv * kv;
+    }
     // l2norm(q) * Dk^-1/2 and l2norm(k), eps 1e-6 inside the root (FLA / HF).
-    const float qv = tid < Dk ? x[kh * Dk + tid] : 0.0f;
-    const float kv = tid < Dk ? x[key_dim + kh * Dk + tid] : 0.0f;
-    const float qn = block_sum(qv * qv, red);
-    const float kn = block_sum(kv * kv, red);
+    block_sums<2 * G>(sq, red, tot);
     if (tid < Dk) {
-      qs[tid] = (qv * (1.0f / sqrtf(qn + 1e-6f))) * q_scale;
-      ks[tid] = kv * (1.0f / sqrtf(kn + 1e-6f));
+      for (int r = 0; r < n; ++r) {
+        qs[r][tid] = (qs[r][tid] * (1.0f / sqrtf(tot[2 * r] + 1e-6f))) * q_scale;
+        ks[r][tid] = ks[r][tid] * (1.0f / sqrtf(tot[2 * r + 1] + 1e-6f));
+      }
     }
     __syncthreads();
-    const float beta = sigmoidf_(g.b[gr * g.b_stride + h]);
-    const float alpha = expf(neg_a * softplusf_(g.a[gr * g.a_stride + h] + dt_bias));
-    const float v = x[2 * key_dim + static_cast<int64_t>(h) * Dv + j];
-    float kvp = 0.0f;
+    float o2[G];
 #pragma unroll
-    for (int ii = 0; ii < RPT; ++ii) {
-      s[ii] = s[ii] * alpha;
-      kvp = fmaf(s[ii], ks[i0 + ii], kvp);
-    }
-    kvp += __shfl_xor_sync(0xffffffffu, kvp, 1);
-    kvp += __shfl_xor_sync(0xffffffffu, kvp, 2);
-    const float delta = (v - kvp) * beta;
-    float op = 0.0f;
+    for (int r = 0; r < G; ++r) {
+      o2[r] = 0.0f;
+      if (r >= n) continue;
+      const int64_t gr = r0 + first + r;
+      const float beta = sigmoidf_(bv[r]);
+      const float alpha = expf(neg_a * softplusf_(av[r] + dt_bias));
+      float kvp = 0.0f;
 #pragma unroll
-    for (int ii = 0; ii < RPT; ++ii) {
-      s[ii] = fmaf(ks[i0 + ii], delta, s[ii]);
-      op = fmaf(s[ii], qs[i0 + ii], op);
-    }
-    op += __shfl_xor_sync(0xffffffffu, op, 1);
-    op += __shfl_xor_sync(0xffffffffu, op, 2);
-    if (g.snap_recurrent != nullptr) {
-      float* snap = g.snap_recurrent + gr * g.snap_recurrent_stride + h * head_size;
+      for (int ii = 0; ii < RPT; ++ii) {
+        s[ii] = s[ii] * alpha;
+        kvp = fmaf(s[ii], ks[r][i0 + ii], kvp);
+      }
+      kvp += __shfl_xor_sync(0xffffffffu, kvp, 1);
+      kvp += __shfl_xor_sync(0xffffffffu, kvp, 2);
+      const float delta = (vv[r] - kvp) * beta;
+      float op = 0.0f;
 #pragma unroll
-      for (int ii = 0; ii < RPT; ++ii) snap[static_cast<int64_t>(i0 + ii) * Dv + j] = s[ii];
+      for (int ii = 0; ii < RPT; ++ii) {
+        s[ii] = fmaf(ks[r][i0 + ii], delta, s[ii]);
+        op = fmaf(s[ii], qs[r][i0 + ii], op);
+      }
+      op += __shfl_xor_sync(0xffffffffu, op, 1);
+      op += __shfl_xor_sync(0xffffffffu, op, 2);
+      if (g.snap_recurrent != nullptr) {
+        float* snap = g.snap_recurrent + gr * g.snap_recurrent_stride + h * head_size;
+#pragma unroll
+        for (int ii = 0; ii < RPT; ++ii) snap[static_cast<int64_t>(i0 + ii) * Dv + j] = s[ii];
+      }
+      if (part == 0) {
+        o_raw[(first + r) * cols + jl] = op;
+        o2[r] = op * op;
+      }
     }
-    const float on = block_sum(part == 0 ? op * op : 0.0f, red);
-    if (part == 0) o_raw[r * cols + jl] = op;
-    if (tid == 0) o_part[r] = on;
+    block_sums<G>(o2, red, tot);
+    if (tid < n) o_part[first + tid] = tot[tid];
   }
 #pragma unroll
   for (int ii = 0; ii < RPT; ++ii) state[static_cast<int64_t>(i0 + ii) * Dv + j] = s[ii];
@@ -136,7 +194,12 @@ void launch_split(const GdnLaunch& g, int r0, int rows, const float* conv_out, i
   cfg.attrs = attr;
   cfg.numAttrs = 2;
   PD_TRACE_ENSURE();
-  cudaLaunchKernelEx(&cfg, gdn_recurrent_split_kernel<RPT>, g, r0, rows, conv_out, split);
+  static const bool grouped = env_switch_on("PD_GDN_ROW_GROUP");
+  if (grouped) {
+    cudaLaunchKernelEx(&cfg, gdn_recurrent_split_kernel<RPT, kRowGroup>, g, r0, rows, conv_out, split);
+  } else {
+    cudaLaunchKernelEx(&cfg, gdn_recurrent_split_kernel<RPT, 1>, g, r0, rows, conv_out, split);
+  }
 }
 
 }  // namespace

@@ -115,16 +115,12 @@ struct MmaJob {
   const int* tile_start = nullptr;
   int experts = 0;
 };
-// Weight rows per tile of a product over w (and w2, the up projection of a gate/up pair): with PD_MMA_WIDE=1,
-// bf16 matrices of at least 4 wide tiles take wide tiles, which read fewer shared-memory bytes per mma (a
-// smaller one, like the router, would leave too few blocks); each output keeps its sum and order either way.
-// Opt-in until the CUDA tests that reach wide tiles (cuda_prefill_test.cpp, 1100 and 1024 weight rows) have
-// run on a GPU with it set.
+// Weight rows per tile of a product over w (and w2, the up projection of a gate/up pair): bf16 matrices of at
+// least 4 wide tiles take wide tiles, which read fewer shared-memory bytes per mma (a smaller one, like the
+// router, would leave too few blocks); each output keeps its sum and order either way (PD_MMA_WIDE=0: never,
+// for same-run comparisons).
 inline int mma_tile_cols(const DevMatrix& w, const DevMatrix* w2) {
-  static const bool wide = [] {
-    const char* v = std::getenv("PD_MMA_WIDE");
-    return v != nullptr && v[0] == '1';
-  }();
+  static const bool wide = env_switch_on("PD_MMA_WIDE");
   const bool bf16 = w.fmt == WFmt::kBF16 && (w2 == nullptr || w2->fmt == WFmt::kBF16);
   const int64_t rows = w2 == nullptr ? w.rows : 2 * w.rows;
   return wide && bf16 && rows >= 4 * kMmaColsWide ? kMmaColsWide : kMmaCols;
