@@ -163,8 +163,21 @@ struct MatmulArgs {
   bool prefill = false;
 };
 
+// An RMSNorm of an op's input rows, applied before the op reads them (MatmulsArgs, MoeArgs: the decoder
+// layer's two norms). The op computes on rms_norm(x, weight, eps) bit for bit as a separate rms_norm() into
+// `scratch` would give; a backend may fuse it into the op's kernels and leave scratch unwritten.
+// weight invalid: no norm. scratch: F32 [R, K], aliasing neither x nor the op's outputs; its contents
+// afterwards are unspecified.
+struct InputNorm {
+  VectorId weight;
+  float eps = 1e-6f;
+  Tensor scratch;
+  bool active() const { return weight.valid(); }
+};
+
 // Products of one input with several matrices (a mixer's input projections), which a backend may run as one
-// launch: targets[i].out = x . targets[i].w^T, each bitwise as matmul() computes it.
+// launch: targets[i].out = x . targets[i].w^T, each bitwise as matmul() computes it (of the normalised x
+// with norm).
 struct MatmulTarget {
   MatrixId w;  // [N_i, K]
   Tensor out;  // F32 [R, N_i]
@@ -172,6 +185,7 @@ struct MatmulTarget {
 struct MatmulsArgs {
   Tensor x;  // F32 [R, K]
   std::span<const MatmulTarget> targets;
+  InputNorm norm{};
   bool prefill = false;
 };
 
@@ -274,10 +288,13 @@ struct GatedDeltaNetArgs {
 // with the selected experts summed in ascending expert id (HF's order).
 // With Accum::kAdd the block output is added to out (out = out + moe, one rounding per element), which fuses
 // the decoder layer's residual add.
+// With norm, the block's input is rms_norm(x) (the post_attention_layernorm) and out may alias x: the block
+// reads all of x before it writes out.
 struct MoeArgs {
   MoeId moe;
-  Tensor x;    // F32 [R, H], post_attention_layernorm output
-  Tensor out;  // F32 [R, H]; must not alias x
+  Tensor x;  // F32 [R, H], post_attention_layernorm output (its input with norm)
+  InputNorm norm{};
+  Tensor out;  // F32 [R, H]; must not alias x without norm
   Accum accum = Accum::kOverwrite;
   bool prefill = false;
 };
@@ -435,8 +452,9 @@ class Backend {
   virtual Status add(const AddArgs& args) = 0;
   virtual Status matmul(const MatmulArgs& args) = 0;
   virtual Status matmuls(const MatmulsArgs& args) {
+    PD_ASSIGN_OR_RETURN(const Tensor x, normalized_input("matmuls", args.x, args.norm));
     for (const MatmulTarget& t : args.targets) {
-      PD_TRY(matmul({.w = t.w, .x = args.x, .out = t.out, .prefill = args.prefill}));
+      PD_TRY(matmul({.w = t.w, .x = x, .out = t.out, .prefill = args.prefill}));
     }
     return Status::ok();
   }
@@ -445,6 +463,18 @@ class Backend {
   virtual Status moe(const MoeArgs& args) = 0;
   virtual Status argmax(const ArgmaxArgs& args) = 0;
   virtual Status sample(const SampleArgs& args) = 0;
+
+ protected:
+  // The rows an op with an input norm reads where the backend does not fuse it: x normalised into
+  // norm.scratch by rms_norm() (which checks the scratch's shape); x itself without a norm.
+  Expected<Tensor> normalized_input(const char* op, const Tensor& x, const InputNorm& norm) {
+    if (!norm.active()) return x;
+    if (norm.scratch.data == x.data) {
+      return make_error(ErrorCode::kInvalidArgument, "{}: norm.scratch aliases x or out", op);
+    }
+    PD_TRY(rms_norm({.x = x, .weight = norm.weight, .eps = norm.eps, .out = norm.scratch}));
+    return norm.scratch;
+  }
 };
 
 // Creates the backend named in options ("cpu", or "cuda" when built with CUDA; "auto": CUDA when built with

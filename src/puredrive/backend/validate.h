@@ -309,12 +309,25 @@ inline Status validate_gated_attention(Device device, const GatedAttentionArgs& 
   return Status::ok();
 }
 
+// An input norm's scratch (when the norm is active): x's shape, aliasing neither x nor out (when given).
+inline Status validate_input_norm(Device device, const char* op, const Tensor& x, const InputNorm& n,
+                                  const Tensor* out = nullptr) {
+  if (!n.active()) return Status::ok();
+  PD_TRY(check_tensor_on(device, op, "norm.scratch", n.scratch, DType::kF32, x.rows, x.cols));
+  if (n.scratch.data == x.data || (out != nullptr && n.scratch.data == out->data)) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: norm.scratch aliases x or out", op);
+  }
+  return Status::ok();
+}
+
 // hidden: the block's width.
 inline Status validate_moe_args(Device device, const MoeArgs& a, int64_t hidden) {
   PD_TRY(check_tensor_on(device, "moe", "x", a.x, DType::kF32, -1, hidden));
   PD_TRY(check_tensor_on(device, "moe", "out", a.out, DType::kF32, a.x.rows, hidden));
-  if (a.x.data == a.out.data) return make_error(ErrorCode::kInvalidArgument, "moe: out aliases x");
-  return Status::ok();
+  if (a.x.data == a.out.data && !a.norm.active()) {
+    return make_error(ErrorCode::kInvalidArgument, "moe: out aliases x");
+  }
+  return validate_input_norm(device, "moe", a.x, a.norm, &a.out);
 }
 
 inline Status validate_argmax(Device device, const ArgmaxArgs& a) {

@@ -187,10 +187,10 @@ class Qwen35Moe final : public Model {
                     int capacity, LogitRows logits, const char* what) const;
   Status decoder_layer(const LayerIds& w, const LayerCaches& cache, const Tensor& h, int64_t rows,
                        bool prefill);
-  Status attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& u, const Tensor& out,
-                   int64_t rows, bool prefill);
-  Status gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& u, const Tensor& out,
-                         int64_t rows, bool prefill);
+  Status attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& h, const InputNorm& norm,
+                   const Tensor& out, int64_t rows, bool prefill);
+  Status gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& h, const InputNorm& norm,
+                         const Tensor& out, int64_t rows, bool prefill);
   // The output head over `vocab` rows of `head` into the first `vocab` columns of `logits`.
   Expected<Tensor> lm_head(const Tensor& hidden, MatrixId head, int vocab, const Buffer& logits,
                            const ForwardOptions& o);
@@ -338,25 +338,30 @@ Status Qwen35Moe::check_rows(std::span<const int32_t> tokens, std::span<const in
 // h = h + mixer(input_layernorm(h)); h = h + moe(post_attention_layernorm(h))   (spec §7)
 Status Qwen35Moe::decoder_layer(const LayerIds& w, const LayerCaches& cache, const Tensor& h, int64_t n,
                                 bool prefill) {
-  const Tensor u = rows(ws_.u, n);
-  // The mixers' output products and the MoE block add into h themselves (Accum::kAdd): one rounding per
+  // The norms go to the ops that read them (InputNorm), which a backend may fuse into their kernels. The
+  // mixers' output products and the MoE block add into h themselves (Accum::kAdd): one rounding per
   // element, as h + mix.
-  PD_TRY(be_.rms_norm({.x = h, .weight = w.input_layernorm, .eps = d_.eps, .out = u}));
+  const Tensor u = rows(ws_.u, n);
+  const InputNorm input_norm{.weight = w.input_layernorm, .eps = d_.eps, .scratch = u};
   if (w.type == LayerType::kLinearAttention) {
-    PD_TRY(gated_delta_net(w.gdn, cache, u, h, n, prefill));
+    PD_TRY(gated_delta_net(w.gdn, cache, h, input_norm, h, n, prefill));
   } else {
-    PD_TRY(attention(w.attn, cache, u, h, n, prefill));
+    PD_TRY(attention(w.attn, cache, h, input_norm, h, n, prefill));
   }
-  PD_TRY(be_.rms_norm({.x = h, .weight = w.post_attention_layernorm, .eps = d_.eps, .out = u}));
-  return be_.moe({.moe = w.moe, .x = u, .out = h, .accum = Accum::kAdd, .prefill = prefill});
+  return be_.moe({.moe = w.moe,
+                  .x = h,
+                  .norm = {.weight = w.post_attention_layernorm, .eps = d_.eps, .scratch = u},
+                  .out = h,
+                  .accum = Accum::kAdd,
+                  .prefill = prefill});
 }
 
 // Gated attention (spec §4): out = o_proj((softmax(q k^T / sqrt(D)) v) * sigmoid(gate)).
-Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& u,
-                            const Tensor& out, int64_t n, bool prefill) {
+Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, const Tensor& h,
+                            const InputNorm& norm, const Tensor& out, int64_t n, bool prefill) {
   const Tensor qg = rows(ws_.qg, n), k = rows(ws_.k, n), v = rows(ws_.v, n), a = rows(ws_.attn, n);
   const MatmulTarget proj[] = {{w.q_proj, qg}, {w.k_proj, k}, {w.v_proj, v}};
-  PD_TRY(be_.matmuls({.x = u, .targets = proj, .prefill = prefill}));
+  PD_TRY(be_.matmuls({.x = h, .targets = proj, .norm = norm, .prefill = prefill}));
   PD_TRY(be_.gated_attention({.dims = d_.attn,
                               .qg = qg,
                               .k = k,
@@ -373,12 +378,12 @@ Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, con
 }
 
 // Gated DeltaNet (spec §5): projections, then conv + delta rule + gated norm in one op, then out_proj.
-Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& u,
-                                  const Tensor& out, int64_t n, bool prefill) {
+Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, const Tensor& h,
+                                  const InputNorm& norm, const Tensor& out, int64_t n, bool prefill) {
   const Tensor qkv = rows(ws_.qkv, n), z = rows(ws_.z, n), b = rows(ws_.b, n), a = rows(ws_.a, n);
   const Tensor core = rows(ws_.gdn, n);
   const MatmulTarget proj[] = {{w.in_proj_qkv, qkv}, {w.in_proj_z, z}, {w.in_proj_b, b}, {w.in_proj_a, a}};
-  PD_TRY(be_.matmuls({.x = u, .targets = proj, .prefill = prefill}));
+  PD_TRY(be_.matmuls({.x = h, .targets = proj, .norm = norm, .prefill = prefill}));
   PD_TRY(be_.gated_delta_net({.dims = d_.gdn,
                               .qkv = qkv,
                               .z = z,

@@ -195,7 +195,8 @@ class CpuBackend final : public Backend {
     }
     const cpu::BoundMoe& m = moes_[static_cast<size_t>(a.moe.index)];
     PD_TRY(validate_moe_args(Device::kCpu, a, m.hidden));
-    cpu::moe(ex_, m, a.x, a.out, a.accum);
+    PD_ASSIGN_OR_RETURN(const Tensor x, normalized_input("moe", a.x, a.norm));
+    cpu::moe(ex_, m, x, a.out, a.accum);
     return Status::ok();
   }
 

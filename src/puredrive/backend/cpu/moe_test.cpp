@@ -145,5 +145,36 @@ TEST(CpuMoe, RowExactAndThreadIndependent) {
   }
 }
 
+// With an input norm, the block reads rms_norm(x), bitwise as rms_norm() then the block; out may then alias x
+// (the decoder layer's residual add), and the scratch is checked.
+TEST(CpuMoe, InputNormEqualsRmsNormThenMoe) {
+  std::mt19937 rng(42);
+  const MoeCase c = make_case(rng, WeightFormat::kBF16, 0);
+  const int64_t rows = 3;
+  const auto x = test::random_vector(rng, static_cast<size_t>(rows * c.hidden));
+  auto be = test::cpu_backend(2);
+  const MoeId id = be->bind_moe(c.weights(), {.num_experts_per_tok = c.top_k}).value();
+  const VectorId w = be->bind_vector(test::random_vector(rng, static_cast<size_t>(c.hidden)), "norm").value();
+  Buffer h = device_tensor(*be, DType::kF32, rows, c.hidden, x),
+         h2 = device_tensor(*be, DType::kF32, rows, c.hidden, x);
+  Buffer u = be->alloc(DType::kF32, rows, c.hidden).value();
+  ASSERT_TRUE(be->moe({.moe = id,
+                       .x = h.tensor(),
+                       .norm = {.weight = w, .eps = 1e-6f, .scratch = u.tensor()},
+                       .out = h.tensor(),
+                       .accum = Accum::kAdd})
+                  .is_ok());
+  ASSERT_TRUE(be->rms_norm({.x = h2.tensor(), .weight = w, .eps = 1e-6f, .out = u.tensor()}).is_ok());
+  ASSERT_TRUE(be->moe({.moe = id, .x = u.tensor(), .out = h2.tensor(), .accum = Accum::kAdd}).is_ok());
+  EXPECT_TRUE(test::bitwise_equal(to_host(*be, h.tensor()), to_host(*be, h2.tensor())));
+  EXPECT_FALSE(be->moe({.moe = id, .x = h.tensor(), .out = h.tensor()}).is_ok()) << "aliasing without a norm";
+  const Status alias =
+      be->moe({.moe = id, .x = h.tensor(), .norm = {.weight = w, .scratch = h.tensor()}, .out = h2.tensor()});
+  EXPECT_NE(alias.message().find("norm.scratch aliases"), std::string::npos) << alias.message();
+  const Status shape = be->moe(
+      {.moe = id, .x = h.tensor(), .norm = {.weight = w, .scratch = u.row_slice(0, 2)}, .out = h2.tensor()});
+  EXPECT_NE(shape.message().find("norm.scratch is [2, 64]"), std::string::npos) << shape.message();
+}
+
 }  // namespace
 }  // namespace pd

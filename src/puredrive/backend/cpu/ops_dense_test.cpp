@@ -123,6 +123,38 @@ TEST(CpuOps, EmbedRmsNormAdd) {
   for (size_t i = 0; i < sum.size(); ++i) EXPECT_EQ(sum[i], yh[i] + emb[i]);
 }
 
+// matmuls with an input norm: the products of rms_norm(x), bitwise as rms_norm() then matmuls; x unchanged.
+TEST(CpuOps, MatmulsInputNormEqualsRmsNormThenMatmuls) {
+  std::mt19937 rng(14);
+  auto be = test::cpu_backend(2);
+  const int64_t rows = 3, k = 96;
+  auto w1 = test::make_matrix(rng, 40, k, WeightFormat::kBF16);
+  auto w2 = test::make_matrix(rng, 8, k, WeightFormat::kAffine, 8, 32);
+  const MatrixId i1 = be->bind_matrix(w1->m).value(), i2 = be->bind_matrix(w2->m).value();
+  const VectorId nw = be->bind_vector(test::random_vector(rng, k), "norm").value();
+  const auto x = test::random_vector(rng, static_cast<size_t>(rows * k));
+  Buffer xt = device_tensor(*be, DType::kF32, rows, k, x);
+  Buffer u = device_tensor<float>(*be, DType::kF32, rows, k, {});
+  Buffer a1 = device_tensor<float>(*be, DType::kF32, rows, 40, {}),
+         a2 = device_tensor<float>(*be, DType::kF32, rows, 8, {});
+  Buffer b1 = device_tensor<float>(*be, DType::kF32, rows, 40, {}),
+         b2 = device_tensor<float>(*be, DType::kF32, rows, 8, {});
+  const std::vector<MatmulTarget> fused = {{i1, a1.tensor()}, {i2, a2.tensor()}};
+  const std::vector<MatmulTarget> plain = {{i1, b1.tensor()}, {i2, b2.tensor()}};
+  ASSERT_TRUE(
+      be->matmuls(
+            {.x = xt.tensor(), .targets = fused, .norm = {.weight = nw, .eps = 1e-5f, .scratch = u.tensor()}})
+          .is_ok());
+  EXPECT_TRUE(test::bitwise_equal(to_host(*be, xt.tensor()), x));
+  ASSERT_TRUE(be->rms_norm({.x = xt.tensor(), .weight = nw, .eps = 1e-5f, .out = u.tensor()}).is_ok());
+  ASSERT_TRUE(be->matmuls({.x = u.tensor(), .targets = plain}).is_ok());
+  EXPECT_TRUE(test::bitwise_equal(to_host(*be, a1.tensor()), to_host(*be, b1.tensor())));
+  EXPECT_TRUE(test::bitwise_equal(to_host(*be, a2.tensor()), to_host(*be, b2.tensor())));
+  const Status alias =
+      be->matmuls({.x = xt.tensor(), .targets = fused, .norm = {.weight = nw, .scratch = xt.tensor()}});
+  EXPECT_NE(alias.message().find("norm.scratch aliases"), std::string::npos) << alias.message();
+}
+
 TEST(CpuOps, ArgmaxTiesToLowestAndSkipsNan) {
   auto be = test::cpu_backend(1);
   const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -412,6 +412,35 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return s;
 }
 
+// RMSNorm (rms_norm_kernel, and the input norms fused into the decode products, InputNorm): the row's sum of
+// squares as a block of kBlock threads forms it, thread t's fma chain over t, t + kBlock, ..., each warp's
+// xor butterfly, then the warps' sums in ascending order; out = (x * inverse) * weight.
+__device__ __forceinline__ float rms_inverse(float sum_squares, int n, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum_squares, static_cast<float>(n)), eps)));
+}
+
+// The same sum of squares of x[0, n) by one warp, bit for bit: lane l keeps the chains of threads l, l + 32,
+// ... of the block.
+__device__ __forceinline__ float rms_sum_squares_warp(const float* x, int n, int lane) {
+  constexpr int kWarps = kBlock / 32;
+  float s[kWarps] = {};
+  for (int base = 0; base < n; base += kBlock) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const int i = base + 32 * w + lane;
+      if (i < n) s[w] = fmaf(x[i], x[i], s[w]);
+    }
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s[w] += __shfl_xor_sync(0xffffffffu, s[w], off);
+    total = w == 0 ? s[0] : total + s[w];
+  }
+  return total;
+}
+
 __device__ __forceinline__ float block_max(float v, float* red) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));

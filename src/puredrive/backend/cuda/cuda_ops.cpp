@@ -180,9 +180,26 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
   }
   if (!fused) return Backend::matmuls(a);
   g.count = static_cast<int>(count);
+  // An input norm goes into the streamed decode kernels; elsewhere it runs first, into its scratch.
+  const float* norm = nullptr;
+  if (a.norm.active()) {
+    PD_TRY(validate_input_norm(Device::kCuda, "matmuls", a.x, a.norm));
+    PD_ASSIGN_OR_RETURN(const DevVector* nw, vector("matmuls", a.norm.weight));
+    if (k == Kernels::kDecode && fuse_norms() && nw->size == a.x.cols && cuda::gemv_multi_streams(g) &&
+        reinterpret_cast<uintptr_t>(nw->data) % 16 == 0) {
+      norm = nw->data;
+    } else {
+      MatmulsArgs normed = a;
+      PD_ASSIGN_OR_RETURN(normed.x, normalized_input("matmuls", a.x, a.norm));
+      normed.norm = {};
+      return matmuls(normed);
+    }
+  }
   sig_.add(OpTag::kMatmuls);
   sig_.add(a.x);
   sig_.add(k);
+  sig_.add(a.norm.weight.index);
+  sig_.add_f(a.norm.eps);
   for (const MatmulTarget& t : a.targets) {
     sig_.add(t.w.index);
     sig_.add(t.out);
@@ -203,6 +220,13 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
   const float* x = static_cast<const float*>(a.x.data);
   const int64_t xs = a.x.stride;
   const int rows = static_cast<int>(a.x.rows);
+  if (norm != nullptr) {
+    const float eps = a.norm.eps;
+    submit([g, x, xs, rows, norm,
+            eps](cudaStream_t s) { cuda::launch_gemv_multi_normed(g, x, xs, rows, norm, eps, s); },
+           "matmuls + input norm", end, g.m[0].cols);
+    return take_error_if_eager();
+  }
   submit([g, x, xs, rows](cudaStream_t s) { cuda::launch_gemv_multi(g, x, xs, rows, s); }, "matmuls", end,
          g.m[0].cols);
   return take_error_if_eager();

@@ -194,8 +194,10 @@ void launch_split(const GdnLaunch& g, int r0, int rows, const float* conv_out, i
   cfg.attrs = attr;
   cfg.numAttrs = 2;
   PD_TRACE_ENSURE();
+  // One-row steps take groups of one: the group's registers cost them about 1% of a step
+  // (bench/results/2026-12-03-h200-6398cc3.md), and the sums are the same either way.
   static const bool grouped = env_switch_on("PD_GDN_ROW_GROUP");
-  if (grouped) {
+  if (grouped && rows > 1) {
     cudaLaunchKernelEx(&cfg, gdn_recurrent_split_kernel<RPT, kRowGroup>, g, r0, rows, conv_out, split);
   } else {
     cudaLaunchKernelEx(&cfg, gdn_recurrent_split_kernel<RPT, 1>, g, r0, rows, conv_out, split);

@@ -233,6 +233,14 @@ bool gemv_multi_mma_supported(const GemvMulti& g) {
   return true;
 }
 
+bool gemv_multi_streams(const GemvMulti& g) {
+  if (!gemv_multi_mma_supported(g)) return false;
+  for (int i = 0; i < g.count; ++i) {
+    if (!gemv_stream_supported(g.m[i]) || !gemv_stream_compatible(g.m[0], g.m[i])) return false;
+  }
+  return true;
+}
+
 void launch_gemv_mma(const DevMatrix& w, const float* x, int64_t xs, float* out, int64_t os, int rows,
                      bool accumulate, cudaStream_t stream) {
   MmaTargets t;
@@ -245,7 +253,8 @@ void launch_gemv_mma(const DevMatrix& w, const float* x, int64_t xs, float* out,
   launch_targets(t, x, xs, rows, stream);
 }
 
-void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t xs, int rows, cudaStream_t stream) {
+namespace {
+MmaTargets targets_of(const GemvMulti& g) {
   MmaTargets t;
   int64_t tiles = 0;
   for (int i = 0; i < g.count; ++i) {
@@ -256,7 +265,20 @@ void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t xs, int r
     t.tile_end[i] = tiles;
   }
   t.count = g.count;
-  launch_targets(t, x, xs, rows, stream);
+  return t;
+}
+}  // namespace
+
+void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t xs, int rows, cudaStream_t stream) {
+  launch_targets(targets_of(g), x, xs, rows, stream);
+}
+
+void launch_gemv_multi_normed(const GemvMulti& g, const float* x, int64_t xs, int rows, const float* norm,
+                              float eps, cudaStream_t stream) {
+  MmaTargets t = targets_of(g);
+  t.norm = norm;
+  t.norm_eps = eps;
+  launch_gemv_stream(t, x, xs, rows, stream);
 }
 
 }  // namespace pd::cuda

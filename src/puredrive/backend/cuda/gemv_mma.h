@@ -17,6 +17,10 @@ struct MmaTargets {
   int64_t tile_end[kMaxMulti] = {};  // cumulative 16-row tiles
   int count = 0;
   int accumulate = 0;
+  // An input norm fused into the streamed kernels (InputNorm; launch_gemv_stream only): the products read
+  // rms_norm(x) with this weight [cols] (16-byte aligned) and eps, bit for bit as rms_norm_kernel writes it.
+  const float* norm = nullptr;
+  float norm_eps = 0.0f;
 };
 
 // Whether launch_gemv routes m to the tensor-core kernels: bf16 weights whose width is a multiple of 64, or

@@ -55,6 +55,15 @@ __device__ __forceinline__ void store_tile(const MmaTargets& t, const float4* pa
   }
 }
 
+// With a fused input norm (t.norm), the inverse rms of row g (every consumer warp calls it); 1 without.
+__device__ __forceinline__ float row_norm(const MmaTargets& t, const float* x, int64_t xs, int rows, int n,
+                                          int warp, int lane, int g) {
+  if (t.norm == nullptr) return 1.0f;
+  __shared__ float inv[kMaxRows];
+  norm_inverses(x, xs, rows, n, t.norm_eps, warp, lane, inv);
+  return g < rows ? inv[g] : 1.0f;
+}
+
 template <int KB, bool VEC>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
@@ -92,8 +101,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, q = lane & 3;
   const bool has_row = g < rows;
   const float* xr = x + (has_row ? g : 0) * xs;
+  const float inv = row_norm(t, x, xs, rows, S::kCols, warp, lane, g);
   uint32_t frag[S::kChunks][S::kBlocks32][8];
-  load_fragments<S, VEC>(xr, has_row, warp, q, frag);
+  load_fragments<S, VEC>(xr, has_row, warp, q, frag, t.norm, inv);
   PD_TRACE_STAMP(1);
   const int col = column_bytes<S>(warp, q);
   int f = 0;
@@ -144,10 +154,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   pdl_wait();
   const int g = lane >> 2, q = lane & 3;
+  const float inv = row_norm(t, x, xs, rows, S::kCols, warp, lane, g);
   AffineX<S, PPS> ax;
   {
     float v[S::kBlocks][8];
-    AffineX<S, PPS>::template load_raw<VEC>(g < rows ? x + g * xs + warp * S::kSlice : nullptr, q, v);
+    AffineX<S, PPS>::template load_raw<VEC>(g < rows ? x + g * xs + warp * S::kSlice : nullptr, q, v,
+                                            t.norm == nullptr ? nullptr : t.norm + warp * S::kSlice, inv);
     ax.make(v, q);
   }
   int buf = 0, i = 0;

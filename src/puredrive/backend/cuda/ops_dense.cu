@@ -260,8 +260,7 @@ __global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int 
     for (int j = 0; j < kNormRegs; ++j) {
       if (static_cast<int>(threadIdx.x) + j * step < n) s = fmaf(v[j], v[j], s);
     }
-    const float total = block_sum(s, red);
-    const float inv = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+    const float inv = rms_inverse(block_sum(s, red), n, eps);
 #pragma unroll
     for (int j = 0; j < kNormRegs; ++j) {
       const int i = static_cast<int>(threadIdx.x) + j * step;
@@ -271,8 +270,7 @@ __global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int 
   }
   float s = 0.0f;
   for (int i = threadIdx.x; i < n; i += step) s = fmaf(xr[i], xr[i], s);
-  const float total = block_sum(s, red);
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+  const float inv = rms_inverse(block_sum(s, red), n, eps);
   for (int i = threadIdx.x; i < n; i += step) o[i] = (xr[i] * inv) * w[i];
 }
 

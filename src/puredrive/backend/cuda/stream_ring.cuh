@@ -150,17 +150,41 @@ __device__ __forceinline__ void mma_chunk(float acc[4], const uint8_t* st, int g
   }
 }
 
+// A fused input norm (MmaTargets::norm, MoeStreamArgs::norm): the inverse rms of each of the step's rows x
+// [rows][n], one consumer warp per row, into inv (shared, kMaxRows); every consumer may read it after.
+__device__ __forceinline__ void norm_inverses(const float* x, int64_t xs, int rows, int n, float eps,
+                                              int warp, int lane, float* inv) {
+  if (warp < rows) {
+    const float sum = rms_sum_squares_warp(x + warp * xs, n, lane);
+    if (lane == 0) inv[warp] = rms_inverse(sum, n, eps);
+  }
+  consumers_sync();
+}
+
+// v = (v * inv) * w[0, 8), as rms_norm_kernel computes its outputs (w 16-byte aligned).
+__device__ __forceinline__ void normalize8(float (&v)[8], const float* w, float inv) {
+  float wv[8];
+  load_x8<true>(w, wv);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = (v[e] * inv) * wv[e];
+}
+
 // Lane (g, q)'s B fragments of every column the warp owns, from xr (row g of the activations; zeros
-// unless has_row).
+// unless has_row); with a norm weight nw, of the normalised row (inv: its norm_inverses).
 template <typename S, bool VEC>
 __device__ __forceinline__ void load_fragments(const float* xr, bool has_row, int warp, int q,
-                                               uint32_t (&frag)[S::kChunks][S::kBlocks32][8]) {
+                                               uint32_t (&frag)[S::kChunks][S::kBlocks32][8],
+                                               const float* nw = nullptr, float inv = 1.0f) {
 #pragma unroll
   for (int c = 0; c < S::kChunks; ++c) {
 #pragma unroll
     for (int h = 0; h < S::kBlocks32; ++h) {
       float v[8] = {};
-      if (has_row) load_x8<VEC>(xr + c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q, v);
+      const int col = c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q;
+      if (has_row) {
+        load_x8<VEC>(xr + col, v);
+        if (nw != nullptr) normalize8(v, nw + col, inv);
+      }
       split_fragment(v, frag[c][h]);
     }
   }
