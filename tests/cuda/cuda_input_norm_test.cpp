@@ -1,6 +1,6 @@
 // Input norms (InputNorm) on the GPU: an op given a norm gives bitwise what rms_norm() into a buffer followed
-// by the op gives, whether the backend fuses the norm into its kernels (streamed decode products and MoE
-// blocks) or runs it first (other formats and widths, prefill). Skipped without a GPU.
+// by the op gives, whether the backend fuses the norm into its kernels (the streamed decode products) or runs
+// it first (other formats and widths, prefill, the MoE block). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -100,8 +100,8 @@ TEST_F(CudaInputNorm, MatmulsWithNormEqualNormThenMatmuls) {
 }
 
 // The MoE block as the decoder layer calls it: x is the residual stream, the block adds into it (out aliases
-// x), its input is rms_norm(x). The streamed kernels (bf16, affine 8-bit at the model's widths) fuse the
-// norm; the other blocks and wide steps run it first.
+// x), its input is rms_norm(x), which the CUDA backend runs first; decode and prefill kernels, the streamed
+// formats (bf16, affine 8-bit at the model's widths) and others.
 TEST_F(CudaInputNorm, MoeWithNormEqualsNormThenMoe) {
   struct Case {
     int experts, top_k;

@@ -27,8 +27,7 @@ CudaBackend::~CudaBackend() {
   clear_graphs();
   release_retired();
   for (void* p : weights_) cudaFree(p);
-  for (Scratch* s :
-       {&attn_scratch_, &gdn_scratch_, &moe_scratch_, &norm_scratch_, &argmax_scratch_, &sample_scratch_}) {
+  for (Scratch* s : {&attn_scratch_, &gdn_scratch_, &moe_scratch_, &argmax_scratch_, &sample_scratch_}) {
     if (s->ptr != nullptr) cudaFree(s->ptr);
   }
   if (staging_ != nullptr) cudaFreeHost(staging_);

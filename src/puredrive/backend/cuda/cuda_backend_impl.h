@@ -180,14 +180,11 @@ class CudaBackend final : public Backend {
     return rows <= cuda::kMaxRows ? Kernels::kDecode : Kernels::kTiled;
   }
 
-  // Input norms (InputNorm) go into the decode kernels that take them (PD_FUSED_NORM=0: they run as
-  // rms_norm launches of their own; PD_FUSED_NORM_MOE=0: only the MoE blocks' do; same-run comparisons).
+  // Input norms (InputNorm) go into the streamed decode products (PD_FUSED_NORM=0: they run as rms_norm
+  // launches of their own, for same-run comparisons). The MoE block's runs first: in its gate/up kernel it
+  // cost more than the launch it saved (bench/results/2026-12-03-h200-9193037.md).
   static bool fuse_norms() {
     static const bool on = cuda::env_switch_on("PD_FUSED_NORM");
-    return on;
-  }
-  static bool fuse_moe_norms() {
-    static const bool on = fuse_norms() && cuda::env_switch_on("PD_FUSED_NORM_MOE");
     return on;
   }
 
@@ -261,7 +258,7 @@ class CudaBackend final : public Backend {
   std::atomic<int64_t> bound_bytes_{0};  // read by load-progress reports from another thread
 
   static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
-  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, norm_scratch_, argmax_scratch_, sample_scratch_;
+  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_, sample_scratch_;
   unsigned long long* experts_read_ = nullptr;  // distinct experts read by decode MoE chunks, ever
   int* router_ticket_ = nullptr;                // MoeLaunch::router_ticket
   std::vector<void*> retired_device_;

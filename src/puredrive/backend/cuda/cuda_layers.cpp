@@ -189,21 +189,7 @@ Status CudaBackend::moe(const MoeArgs& a) {
                             : cuda::moe_scratch_bytes(b.experts, b.top_k, b.hidden, b.inter, b.shared_inter);
   PD_ASSIGN_OR_RETURN(void* scr, scratch(moe_scratch_, bytes));
   cuda::MoeLaunch l = m.launch;
-  // An input norm goes into the streamed decode kernels; elsewhere (and when profiling by phase) it runs
-  // first, into its scratch.
-  Tensor x = a.x;
-  if (a.norm.active()) {
-    PD_ASSIGN_OR_RETURN(const DevVector* nw, vector("moe", a.norm.weight));
-    if (k == Kernels::kDecode && fuse_moe_norms() && !profiling_ && nw->size == a.x.cols &&
-        reinterpret_cast<uintptr_t>(nw->data) % 16 == 0 && cuda::moe_stream_supported(l)) {
-      PD_ASSIGN_OR_RETURN(void* rows, scratch(norm_scratch_, cuda::moe_norm_rows_bytes(b.hidden)));
-      l.norm = nw->data;
-      l.norm_eps = a.norm.eps;
-      l.norm_rows = static_cast<float*>(rows);
-    } else {
-      PD_ASSIGN_OR_RETURN(x, normalized_input("moe", a.x, a.norm));
-    }
-  }
+  PD_ASSIGN_OR_RETURN(const Tensor x, normalized_input("moe", a.x, a.norm));
   l.x = static_cast<const float*>(x.data);
   l.x_stride = x.stride;
   l.out = static_cast<float*>(a.out.data);

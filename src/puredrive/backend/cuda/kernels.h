@@ -280,21 +280,8 @@ struct MoeLaunch {
   int* router_ticket = nullptr;
   // When set, the number of distinct experts each decode chunk reads is added to it (bytes accounting).
   unsigned long long* experts_read = nullptr;
-  // An input norm fused into the streamed gate/up kernel (InputNorm; moe_stream_supported blocks of up to
-  // kMaxRows rows): the block reads rms_norm(x) with this weight [hidden] (16-byte aligned) and eps. Each
-  // kernel block writes its copy of the normalised rows to norm_rows (moe_norm_rows_bytes).
-  const float* norm = nullptr;
-  float norm_eps = 0.0f;
-  float* norm_rows = nullptr;
 };
 int64_t moe_scratch_bytes(int experts, int top_k, int hidden, int inter, int shared_inter);
-// Whether the decode MoE block runs on the streamed kernels (moe_stream.cu), which can take an input norm:
-// bf16 or affine 8-bit router, shared gate and experts, the shared expert of the routed experts' width,
-// hidden size 512-4096 (a power of two), intermediate size 512, top-k <= 16, 16-byte aligned matrices
-// (PD_MOE_STREAM=0 turns it off, for comparisons). Depends on the model only, never on the step's rows.
-// moe_norm_rows_bytes: the scratch of their normalised rows.
-bool moe_stream_supported(const MoeLaunch& m);
-int64_t moe_norm_rows_bytes(int hidden);
 // Decode steps (chunks of kMaxRows rows); steps wider than kMaxRows run the tiled reference path.
 void launch_moe(const MoeLaunch& m, cudaStream_t stream);
 // The tiled reference path (moe_wide.cu), for any number of rows; moe_scratch_bytes covers its scratch.

@@ -104,8 +104,7 @@ __device__ void grid_barrier(int* bar) {
 // kernel. RF: the router's format, bf16 or affine 8-bit (the experts'); its activation loads are scalar, so
 // the kernel needs no variant for unaligned rows.
 template <int RF>
-__device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, const float* x, int64_t xs, int warp,
-                                            int lane, Route* rt) {
+__device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
   const MoeLaunch& m = a.m;
   const int E = m.experts, K = m.top_k;
   const int64_t n = blockIdx.x + static_cast<int64_t>(gridDim.x) * warp;
@@ -113,11 +112,11 @@ __device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, const float*
     constexpr int kBits = RF == static_cast<int>(WFmt::kAffine) ? 8 : 0;
     // Accumulators for the rows there are (a row's sum does not depend on how many: dot_rows).
     if (a.rows == 1) {
-      router_output<RF, kBits, false, 1>(m, n, x, xs, a.rows, lane, a.logits, a.sg);
+      router_output<RF, kBits, false, 1>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
     } else if (a.rows <= 4) {
-      router_output<RF, kBits, false, 4>(m, n, x, xs, a.rows, lane, a.logits, a.sg);
+      router_output<RF, kBits, false, 4>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
     } else {
-      router_output<RF, kBits, false, kMaxRows>(m, n, x, xs, a.rows, lane, a.logits, a.sg);
+      router_output<RF, kBits, false, kMaxRows>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
     }
   }
   consumers_sync();
@@ -160,9 +159,8 @@ __device__ __forceinline__ void warm_route_code(const MoeLaunch& m) {
 // The affine router's products need more registers than the experts' loop: out of line, so that their
 // spills stay in the router (measured: spills in every affine gate/up kernel when inline).
 template <int RF>
-__device__ __noinline__ void route_chunk_out_of_line(const MoeStreamArgs& a, const float* x, int64_t xs,
-                                                     int warp, int lane, Route* rt) {
-  route_chunk<RF>(a, x, xs, warp, lane, rt);
+__device__ __noinline__ void route_chunk_out_of_line(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
+  route_chunk<RF>(a, warp, lane, rt);
 }
 
 // The consumers tell the producer that *rt holds the route (named barrier 2: arrive here, sync there).
@@ -292,25 +290,6 @@ __device__ __forceinline__ UpTile up_tile(int64_t t, int shared_tiles, int tiles
   return {static_cast<int>(rt / tiles), static_cast<int>(rt % tiles) * 8};
 }
 
-// A fused input norm: rows [rows][n] of x normalised into dst (contiguous rows), as rms_norm_kernel writes
-// them; consumer warp r normalises row r (its second read of the row hits L1), the others wait.
-__device__ __forceinline__ void normalize_rows(const float* x, int64_t xs, int rows, int n, const float* w,
-                                               float eps, int warp, int lane, float* dst) {
-  if (warp < rows) {
-    const float* xr = x + warp * xs;
-    const float inv = rms_inverse(rms_sum_squares_warp(xr, n, lane), n, eps);
-    float* d = dst + static_cast<int64_t>(warp) * n;
-    for (int c = 8 * lane; c < n; c += 8 * 32) {
-      float v[8];
-      load_x8<false>(xr + c, v);
-      normalize8(v, w + c, inv);
-      reinterpret_cast<float4*>(d + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
-      reinterpret_cast<float4*>(d + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-  }
-  consumers_sync();
-}
-
 template <typename W>
 __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
   using S = typename W::S;
@@ -351,18 +330,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   if (a.warm_route != 0 && warp == kConsumers - 1) warm_route_code(m);
   pdl_wait();
   PD_TRACE_STAMP(0);
-  const float* x_in = a.x;
-  int64_t xs = a.xs;
-  if (m.norm != nullptr) {  // the router reads whole rows: every block normalises all of them for itself
-    float* mine = m.norm_rows + static_cast<int64_t>(blockIdx.x) * kMaxRows * m.hidden;
-    normalize_rows(a.x, a.xs, a.rows, m.hidden, m.norm, m.norm_eps, warp, lane, mine);
-    x_in = mine;
-    xs = m.hidden;
-  }
   if constexpr (W::kRouterFmt == static_cast<int>(WFmt::kAffine)) {
-    route_chunk_out_of_line<W::kRouterFmt>(a, x_in, xs, warp, lane, &route);
+    route_chunk_out_of_line<W::kRouterFmt>(a, warp, lane, &route);
   } else {
-    route_chunk<W::kRouterFmt>(a, x_in, xs, warp, lane, &route);
+    route_chunk<W::kRouterFmt>(a, warp, lane, &route);
   }
   PD_TRACE_STAMP(5);
   route_ready_arrive();
@@ -373,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   typename W::X x;
   {
     typename W::Raw v;
-    W::load_raw(g < a.rows ? x_in + g * xs : nullptr, aligned_rows(x_in, xs), warp, q, v);
+    W::load_raw(g < a.rows ? a.x + g * a.xs : nullptr, aligned_rows(a.x, a.xs), warp, q, v);
     W::make(v, q, x);
   }
   PD_TRACE_STAMP(7);
@@ -537,13 +508,6 @@ bool stream_format(const MoeLaunch& m) {
 }
 
 }  // namespace
-
-int64_t moe_norm_rows_bytes(int hidden) {
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  return int64_t{sms} * kMaxRows * hidden * static_cast<int64_t>(sizeof(float));
-}
 
 bool moe_stream_supported(const MoeLaunch& m) {
   static const bool enabled = env_switch_on("PD_MOE_STREAM");

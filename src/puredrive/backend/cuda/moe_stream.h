@@ -28,6 +28,11 @@ struct MoeStreamArgs {
   int warm_route = 0;
 };
 
+// Whether the block takes this path: bf16 router, shared gate and experts, the shared expert of the routed
+// experts' width, hidden size 512-4096 (a power of two), intermediate size 512, top-k <= 16, 16-byte
+// aligned matrices (PD_MOE_STREAM=0 turns it off, for comparisons). Depends on the model only, never on the
+// step's rows.
+bool moe_stream_supported(const MoeLaunch& m);
 // The route, then act/sact = silu(x Wg^T) * (x Wu^T) for every (row, selected expert) and the shared expert.
 void launch_moe_stream_up(const MoeStreamArgs& a, cudaStream_t stream);
 // out (=|+=) the combine of the experts' down products (moe.cu's order).
