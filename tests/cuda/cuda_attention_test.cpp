@@ -73,15 +73,8 @@ Rows sub(const Shape& s, const Rows& r, int i, int n) {
           .pos = rows_of(r.pos, 1, i, n)};
 }
 
-class CudaAttention : public ::testing::Test {
+class CudaAttention : public cudatest::GpuAndCpu {
  protected:
-  void SetUp() override {
-    std::string why;
-    gpu_ = cudatest::try_cuda(&why);
-    if (gpu_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-    cpu_ = test::cpu_backend(2);
-  }
-
   // One backend's view of a layer: its norms and caches (capacity entries; the first `prefix` hold the same
   // random keys and values on every backend, written directly).
   struct Side {
@@ -165,8 +158,6 @@ class CudaAttention : public ::testing::Test {
     }
     EXPECT_TRUE(entries(multi, r.first, r.n) == entries(single, r.first, r.n)) << "cache entries";
   }
-
-  std::unique_ptr<Backend> cpu_, gpu_;
 };
 
 // Rows placed around the position where the split size doubles (64 * attn_max_splits keys): a verify step

@@ -56,15 +56,9 @@ const Shape kShapes[] = {
 constexpr double kVsRecurrence = 1e-4;
 constexpr double kVsCpuChunked = 5e-5;
 
-class CudaGdnPrefill : public ::testing::Test {
+class CudaGdnPrefill : public cudatest::GpuAndCpu {
  protected:
-  void SetUp() override {
-    std::string why;
-    gpu_ = cudatest::try_cuda(&why);
-    if (gpu_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-    cpu_ = test::cpu_backend(8);
-  }
-  std::unique_ptr<Backend> cpu_, gpu_;
+  CudaGdnPrefill() : GpuAndCpu(8) {}
   std::mt19937 rng_{4321};
 };
 

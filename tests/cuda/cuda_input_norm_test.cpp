@@ -21,14 +21,8 @@ using cudatest::rel_err;
 using cudatest::same_bits;
 using test::device_tensor;
 
-class CudaInputNorm : public ::testing::Test {
+class CudaInputNorm : public cudatest::GpuAndCpu {
  protected:
-  void SetUp() override {
-    std::string why;
-    gpu_ = cudatest::try_cuda(&why);
-    if (gpu_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-    cpu_ = test::cpu_backend(2);
-  }
   // Rows of different scales, so that each row's norm matters; a norm weight around 1.
   std::vector<float> rows_of_scales(int R, int64_t K) {
     std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
@@ -43,7 +37,6 @@ class CudaInputNorm : public ::testing::Test {
     for (float& v : w) v = 1.0f + 0.5f * v;
     return w;
   }
-  std::unique_ptr<Backend> cpu_, gpu_;
   std::mt19937 rng_{4321};
 };
 

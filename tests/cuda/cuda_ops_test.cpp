@@ -58,15 +58,8 @@ TEST(CudaBackend, MissingDeviceIsAClearError) {
   std::printf("no GPU here, as expected on CI: %s\n", msg.c_str());
 }
 
-class CudaOps : public ::testing::Test {
+class CudaOps : public cudatest::GpuAndCpu {
  protected:
-  void SetUp() override {
-    std::string why;
-    gpu_ = cudatest::try_cuda(&why);
-    if (gpu_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-    cpu_ = test::cpu_backend(2);
-  }
-  std::unique_ptr<Backend> cpu_, gpu_;
   std::mt19937 rng_{1234};
 };
 

@@ -33,15 +33,8 @@ using cudatest::rows_of;
 using cudatest::same_bits;
 using test::device_tensor;
 
-class CudaPrefill : public ::testing::Test {
+class CudaPrefill : public cudatest::GpuAndCpu {
  protected:
-  void SetUp() override {
-    std::string why;
-    gpu_ = cudatest::try_cuda(&why);
-    if (gpu_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-    cpu_ = test::cpu_backend(2);
-  }
-
   // x [R, K] . w^T on the GPU as a prefill product, into out initialised to init ([R, N]).
   std::vector<float> gpu_matmul(MatrixId w, const std::vector<float>& x, int R, int64_t K, int64_t N,
                                 const std::vector<float>& init, Accum acc) {
@@ -65,7 +58,6 @@ class CudaPrefill : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<Backend> cpu_, gpu_;
   std::mt19937 rng_{4321};
 };
 

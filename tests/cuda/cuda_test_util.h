@@ -45,6 +45,23 @@ inline std::unique_ptr<Backend> try_cuda(std::string* why) {
   std::unique_ptr<Backend> var = cudatest::try_cuda(&pd_skip_why_); \
   if (var == nullptr) GTEST_SKIP() << "no CUDA device: " << pd_skip_why_
 
+// A test fixture with the CUDA backend (gpu_) and the CPU reference (cpu_, cpu_threads threads); every test
+// skips itself without a GPU.
+class GpuAndCpu : public ::testing::Test {
+ protected:
+  explicit GpuAndCpu(int cpu_threads = 2) : cpu_threads_(cpu_threads) {}
+  void SetUp() override {
+    std::string why;
+    gpu_ = try_cuda(&why);
+    if (gpu_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
+    cpu_ = test::cpu_backend(cpu_threads_);
+  }
+  std::unique_ptr<Backend> cpu_, gpu_;
+
+ private:
+  int cpu_threads_;
+};
+
 // max |a - ref| / max |ref|; infinity on a size mismatch.
 inline double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
   if (a.size() != ref.size()) return INFINITY;

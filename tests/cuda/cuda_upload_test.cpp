@@ -57,15 +57,8 @@ std::unique_ptr<MappedMatrix> map_copy(const test::OwnedMatrix& o) {
   return mm;
 }
 
-class CudaUpload : public ::testing::Test {
+class CudaUpload : public cudatest::GpuAndCpu {
  protected:
-  void SetUp() override {
-    std::string why;
-    gpu_ = cudatest::try_cuda(&why);
-    if (gpu_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-    cpu_ = test::cpu_backend(2);
-  }
-
   // Columns picked by one-hot rows equal the reference bitwise; random rows agree with the CPU backend.
   void expect_uploaded(const Matrix& m, const std::vector<float>& reference) {
     const MatrixId wg = gpu_->bind_matrix(m).value();
@@ -99,7 +92,6 @@ class CudaUpload : public ::testing::Test {
               cudatest::kMmaTolerance);
   }
 
-  std::unique_ptr<Backend> cpu_, gpu_;
   std::mt19937 rng_{99};
 };
 
