@@ -202,9 +202,7 @@ Status CudaBackend::moe(const MoeArgs& a) {
   sig_.add(OpTag::kMoe);
   sig_.add(a.moe.index);
   sig_.add(static_cast<int32_t>(a.accum));
-  sig_.add(a.x);
-  sig_.add(a.norm.weight.index);
-  sig_.add_f(a.norm.eps);
+  sig_.add(x);  // the rows the kernels read (the norm, when there is one, has its own signature)
   sig_.add(a.out);
   sig_.add(k);
   if (k == Kernels::kTensorCores) {

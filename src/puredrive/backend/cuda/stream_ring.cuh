@@ -150,7 +150,7 @@ __device__ __forceinline__ void mma_chunk(float acc[4], const uint8_t* st, int g
   }
 }
 
-// A fused input norm (MmaTargets::norm, MoeStreamArgs::norm): the inverse rms of each of the step's rows x
+// A fused input norm (MmaTargets::norm): the inverse rms of each of the step's rows x
 // [rows][n], one consumer warp per row, into inv (shared, kMaxRows); every consumer may read it after.
 __device__ __forceinline__ void norm_inverses(const float* x, int64_t xs, int rows, int n, float eps,
                                               int warp, int lane, float* inv) {
