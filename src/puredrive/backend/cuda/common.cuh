@@ -142,8 +142,41 @@ __device__ __forceinline__ void with_scale_dtype(SDType t, F&& f) {
   }
 }
 
+// The eight BITS-bit codes of columns [8c, 8c + 8) of an affine row starting at `row` (4-byte aligned, 8 for
+// 8-bit codes), as stored: MLX affine codes are LSB-first in the row's bit stream, so 8 codes start at byte
+// c * BITS. GLOBAL: read through the read-only cache (else, e.g., from shared memory).
+template <int BITS, bool GLOBAL = true>
+__device__ __forceinline__ uint64_t affine_codes8(const uint8_t* row, int64_t c) {
+  const auto load = [](const auto* p) {
+    if constexpr (GLOBAL) {
+      return __ldg(p);
+    } else {
+      return *p;
+    }
+  };
+  const uint8_t* p = row + c * BITS;
+  if constexpr (BITS == 8) {
+    const uint2 q = load(reinterpret_cast<const uint2*>(p));
+    return static_cast<uint64_t>(q.x) | (static_cast<uint64_t>(q.y) << 32);
+  } else if constexpr (BITS == 4) {
+    return load(reinterpret_cast<const uint32_t*>(p));
+  } else if constexpr (BITS == 2) {
+    return load(reinterpret_cast<const uint16_t*>(p));
+  } else if constexpr (BITS == 6) {
+    // The 6 bytes start at c * 6, 4-byte aligned for even c and 2 past it for odd c: two aligned words
+    // hold them (two loads instead of three 16-bit ones).
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(p - (c & 1) * 2);
+    const uint64_t both = static_cast<uint64_t>(load(w)) | (static_cast<uint64_t>(load(w + 1)) << 32);
+    return (both >> ((c & 1) * 16)) & 0xffffffffffffull;
+  } else {
+    uint64_t v = 0;
+#pragma unroll
+    for (int i = 0; i < BITS; ++i) v |= static_cast<uint64_t>(load(p + i)) << (8 * i);
+    return v;
+  }
+}
+
 // Columns [8c, 8c + 8) of row n of m (data/scales/biases already offset to the expert).
-// MLX affine: codes are LSB-first in the row's bit stream, so 8 codes start at byte c * BITS.
 template <int FMT, int BITS, int SD = kAnySd>
 __device__ __forceinline__ RawW8 load_raw8(const DevMatrix& m, const void* data, const void* scales,
                                            const void* biases, int64_t n, int64_t c) {
@@ -156,25 +189,7 @@ __device__ __forceinline__ RawW8 load_raw8(const DevMatrix& m, const void* data,
     r.h = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(data) + n * m.cols + c * 8));
   } else {
     const int64_t row_bytes = m.cols * BITS / 8;
-    const uint8_t* p = static_cast<const uint8_t*>(data) + n * row_bytes + c * BITS;
-    if constexpr (BITS == 8) {
-      const uint2 q = __ldg(reinterpret_cast<const uint2*>(p));
-      r.v = static_cast<uint64_t>(q.x) | (static_cast<uint64_t>(q.y) << 32);
-    } else if constexpr (BITS == 4) {
-      r.v = __ldg(reinterpret_cast<const uint32_t*>(p));
-    } else if constexpr (BITS == 2) {
-      r.v = __ldg(reinterpret_cast<const uint16_t*>(p));
-    } else if constexpr (BITS == 6) {
-      // The 6 bytes start at c * 6, 4-byte aligned for even c and 2 past it for odd c: two aligned words
-      // hold them (two loads instead of three 16-bit ones).
-      const uint32_t* w = reinterpret_cast<const uint32_t*>(p - (c & 1) * 2);
-      const uint64_t both = static_cast<uint64_t>(__ldg(w)) | (static_cast<uint64_t>(__ldg(w + 1)) << 32);
-      r.v = (both >> ((c & 1) * 16)) & 0xffffffffffffull;
-    } else {
-      r.v = 0;
-#pragma unroll
-      for (int i = 0; i < BITS; ++i) r.v |= static_cast<uint64_t>(__ldg(p + i)) << (8 * i);
-    }
+    r.v = affine_codes8<BITS>(static_cast<const uint8_t*>(data) + n * row_bytes, c);
     // group_size is 32, 64 or 128 (validate_matrix): a shift instead of two 64-bit divisions per load,
     // which cost as much as the chunk's arithmetic.
     const int shift = __ffs(m.group_size) - 1;

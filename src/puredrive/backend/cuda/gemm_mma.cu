@@ -4,13 +4,19 @@
 // advance in stages of kBK through a kStages-deep pipeline: activations (f32) and bf16 weights are copied
 // into shared memory with cp.async; weights of other formats are loaded into registers one stage ahead and
 // decoded (common.cuh, the same f32 values every other kernel uses) into bf16 hi/lo tiles when the stage
-// before has been consumed. Each thread splits the activations it copied into bf16 hi + lo tiles
-// (double-buffered) once its copies have landed, so no other barrier is needed and every warp takes both
-// operands with ldmatrix: a stage costs the block one split per activation instead of one per warp column.
+// before has been consumed. Affine weights are not decoded: their codes and each row's group scale and bias
+// are copied with cp.async kAffineStages deep, and one stage ahead of the product each thread turns a chunk
+// of codes into q - 2^(b-1), exact in bf16, in a double-buffered tile; each group's sum is scaled once
+// (below). Each thread splits the activations it copied into bf16 hi + lo tiles (double-buffered) once its
+// copies have landed, so no other barrier is needed and every warp takes both operands with ldmatrix: a stage
+// costs the block one split per activation instead of one per warp column.
 //
-// Determinism: an output element is the sum, in ascending k16 steps, of hi*hi, lo*hi and (weights not bf16)
-// hi*lo products of its own activation row and weight row, accumulated in one register; nothing depends on R,
-// on the tile a row lands in, or on the block's other rows (zero rows and zero columns pad the tiles).
+// Determinism: an output element is the sum, in ascending k16 steps, of hi*hi, lo*hi and (weights neither
+// bf16 nor affine) hi*lo products of its own activation row and weight row, accumulated in one register.
+// Affine weights (w = s q + b, groups of 32-128 columns): per group, g = the sum of (q - o) x_hi and (q - o)
+// x_lo in ascending k16 steps, then y += s g and y += (b + o s) sum(x), with sum(x) the f32 sum of the
+// group's activations in a fixed order. Nothing depends on R, on the tile a row lands in, or on the block's
+// other rows (zero rows and zero columns pad the tiles).
 
 #include "puredrive/backend/cuda/common.cuh"
 #include "puredrive/backend/cuda/moe_partition.h"
@@ -34,9 +40,29 @@ constexpr int w_stage(bool wide) {      // bf16
   return (wide ? kMmaColsWide : kMmaCols) * kWPitch;
 }
 
-constexpr size_t smem_bytes(bool split, bool wide) {
-  return static_cast<size_t>(kStages) * (kXStage * 4 + w_stage(wide) * 2 * (split ? 2 : 1)) +
-         size_t{2} * 2 * kAStage * 2;
+constexpr int kAffineStages = 4;  // affine: stages in flight (codes become bf16 one stage ahead)
+// Affine: a stage's codes, kBK * BITS / 8 bytes per weight row, and each row's scale and bias as the aligned
+// words that hold them.
+constexpr int code_stage(int bits) {  // bytes
+  return kMmaCols * kBK * bits / 8;
+}
+constexpr int kScaleStage = kMmaCols * 2;  // words
+// The copy size for a stage's codes: a row's kBK codes are 4 BITS bytes and start on a multiple of that, so
+// the largest of 16, 8 and 4 that divides it.
+constexpr int code_copy_bytes(int bits) {
+  return (4 * bits) % 16 == 0 ? 16 : (4 * bits) % 8 == 0 ? 8 : 4;
+}
+
+template <int FMT, int BITS, bool WIDE>
+constexpr size_t smem_bytes() {
+  if constexpr (FMT == static_cast<int>(WFmt::kAffine)) {
+    return static_cast<size_t>(kAffineStages) * (kXStage * 4 + code_stage(BITS) + kScaleStage * 4) +
+           size_t{2} * w_stage(false) * 2 + size_t{2} * 2 * kAStage * 2;
+  } else {
+    const bool split = FMT != static_cast<int>(WFmt::kBF16);
+    return static_cast<size_t>(kStages) * (kXStage * 4 + w_stage(WIDE) * 2 * (split ? 2 : 1)) +
+           size_t{2} * 2 * kAStage * 2;
+  }
 }
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -53,6 +79,17 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
                "r"(valid ? 4 : 0)
                : "memory");
 }
+// N (4, 8 or 16) bytes, both addresses N-byte aligned; zeros when !valid.
+template <int N>
+__device__ __forceinline__ void cp_async_bytes(void* dst, const void* src, bool valid) {
+  if constexpr (N == 16) {
+    cp_async16(dst, src, valid);
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_u32(dst)), "l"(src), "n"(N),
+                 "r"(valid ? N : 0)
+                 : "memory");
+  }
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -65,6 +102,31 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(p)));
+}
+
+// Eight affine codes centred to q - 2^(BITS-1) as bf16 (exact: at most 8 significant bits): 2^23 + q is
+// the f32 with q in its low mantissa bits, and subtracting 2^23 + o leaves q - o exactly.
+template <int BITS>
+__device__ __forceinline__ uint4 centred_codes(uint64_t v) {
+  constexpr uint64_t kMask = (1ull << BITS) - 1ull;
+  constexpr float kBase = 8388608.0f + static_cast<float>(1 << (BITS - 1));
+  uint32_t out[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t q0 = static_cast<uint32_t>((v >> (BITS * 2 * j)) & kMask);
+    const uint32_t q1 = static_cast<uint32_t>((v >> (BITS * (2 * j + 1))) & kMask);
+    const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(0x4B000000u | q0) - kBase,
+                                                   __uint_as_float(0x4B000000u | q1) - kBase);
+    out[j] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// A scale or bias from the aligned word that held it: f32, or the upper (`upper`) or lower 16-bit half.
+__device__ __forceinline__ float scale_from_word(SDType t, uint32_t word, bool upper) {
+  if (t == SDType::kF32) return __uint_as_float(word);
+  const uint32_t h = upper ? word >> 16 : word & 0xffffu;
+  return t == SDType::kBF16 ? bf16_bits(h) : f16_bits(h);
 }
 
 struct WSource {
@@ -97,21 +159,33 @@ static_assert(kXChunks == 2, "activation staging assumes two chunks per thread")
 // its sum and its order, so the bits should not change (no test has compared them on a GPU yet).
 template <int FMT, int BITS, bool DUAL, bool WIDE>
 __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant__ MmaJob j) {
-  constexpr bool kDirect = FMT == static_cast<int>(WFmt::kBF16);  // weights copied as they are
-  constexpr bool kSplit = !kDirect;                               // weights need a lo tile
+  constexpr bool kDirect = FMT == static_cast<int>(WFmt::kBF16);      // weights copied as they are
+  constexpr bool kFactored = FMT == static_cast<int>(WFmt::kAffine);  // codes copied, groups scaled once
+  constexpr bool kSplit = !kDirect && !kFactored;                     // weights decoded into hi + lo tiles
+  constexpr int kXSlots = kFactored ? kAffineStages : kStages;        // activation stages in flight
   static_assert(!WIDE || kDirect, "wide tiles hold bf16 weights only");
   constexpr int kBN = WIDE ? kMmaColsWide : kMmaCols;
   constexpr int kWStage = w_stage(WIDE);
   constexpr int kWN = kBN / 4;  // a warp's weight rows
   constexpr int kNI = kWN / 8;  // its n8 tiles
   constexpr int kChunks = kBN * kBK / 8 / kThreads;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) uint8_t smem[];
+  // Affine: the stages' codes and scale words after the activations, then two bf16 code tiles.
   float* const xs = reinterpret_cast<float*>(smem);
-  uint16_t* const wh = reinterpret_cast<uint16_t*>(smem + static_cast<size_t>(kStages) * kXStage * 4);
-  uint16_t* const wl = wh + kStages * kWStage;
-  uint16_t* const ah_s = wl + (kDirect ? 0 : kStages * kWStage);  // [2][kAStage] hi, then [2][kAStage] lo
+  uint8_t* const codes = smem + static_cast<size_t>(kXSlots) * kXStage * 4;
+  uint32_t* const scale_words =
+      reinterpret_cast<uint32_t*>(codes + (kFactored ? kAffineStages * code_stage(BITS) : 0));
+  uint16_t* const wh = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(scale_words) +
+                                                   (kFactored ? kAffineStages * kScaleStage * 4 : 0));
+  uint16_t* const wl = wh + (kFactored ? 2 : kStages) * kWStage;
+  uint16_t* const ah_s = wl + (kSplit ? kStages * kWStage : 0);  // [2][kAStage] hi, then [2][kAStage] lo
   uint16_t* const al_s = ah_s + 2 * kAStage;
   __shared__ int s_src[kBM], s_dst[kBM];
+  // Affine: the two code tiles' group scale s and offset bias b + o s per tile row, and the two split
+  // buffers' activation sums per row.
+  __shared__ __align__(8) float s_scale[kFactored ? 2 : 1][kFactored ? kBN : 2];
+  __shared__ __align__(8) float s_offset[kFactored ? 2 : 1][kFactored ? kBN : 2];
+  __shared__ float s_xsum[kFactored ? 2 : 1][kBM];
 
   int p = 0;
   while (p + 1 < j.parts && static_cast<int>(blockIdx.y) >= j.part[p].n_tiles_end) ++p;
@@ -210,6 +284,116 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
       const int at = buf * kAStage + (c >> 3) * kAPitch + (c & 7) * 4;
       *reinterpret_cast<uint2*>(ah_s + at) = hi;
       *reinterpret_cast<uint2*>(al_s + at) = lo;
+      if constexpr (kFactored) {
+        // The row's 32 activations of the stage are 8 neighbouring lanes' four: added in a fixed tree.
+        float sum = (v.x + v.y) + (v.z + v.w);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        if ((c & 7) == 0) s_xsum[buf][c >> 3] = sum;
+      }
+    }
+  };
+  // Affine: each thread's copy sources, found once. Its code copies (kUnit bytes of a row's stage each, a
+  // null source past the matrix: zeros), its scale or bias word (of tile row tid / 2: the scale for even tid;
+  // 0 past the matrix), and for tile row tid (< kBN) how to read the row's two words: the scale dtype and
+  // whether each 16-bit value starts 2 bytes into its word (bit 0: scale, bit 1: bias; for group 0).
+  constexpr int kUnit = kFactored ? code_copy_bytes(BITS) : 4;
+  constexpr int kCopies = kFactored ? kBN * kBK * BITS / 8 / kUnit : 1;
+  constexpr int kCopiesPerThread = (kCopies + kThreads - 1) / kThreads;
+  const uint8_t* code_src[kCopiesPerThread] = {};
+  uintptr_t scale_src = 0;
+  int scale_shift = 0, scale_size_log = 1;
+  SDType row_dtype = SDType::kF32;
+  int row_shift = 0, row_halves = 0;
+  if constexpr (kFactored) {
+    // Tile row r is weight row `affine_row(r)` of `affine_matrix(r)`.
+    auto affine_matrix = [&](int r) -> const DevMatrix& { return DUAL && (r & 1) != 0 ? P.w2 : P.w; };
+    auto affine_row = [&](int r) -> int64_t {
+      return DUAL ? static_cast<int64_t>(nt) * (kBN / 2) + (r >> 1) : static_cast<int64_t>(nt) * kBN + r;
+    };
+    // Group 0 of row n's scales (or biases).
+    auto scales_of_row = [&](const DevMatrix& m, const void* scales, int64_t n) {
+      const int64_t groups = m.cols / m.group_size, size = m.scale_dtype == SDType::kF32 ? 4 : 2;
+      return reinterpret_cast<uintptr_t>(scales) + expert * m.scale_stride + n * groups * size;
+    };
+#pragma unroll
+    for (int i = 0; i < kCopiesPerThread; ++i) {
+      const int w = tid + i * kThreads;
+      constexpr int kUnitsPerRow = kBK * BITS / 8 / kUnit;
+      const int r = w / kUnitsPerRow;
+      const DevMatrix& m = affine_matrix(r);
+      const int64_t n = affine_row(r);
+      if (w < kCopies && n < m.rows) {
+        code_src[i] = static_cast<const uint8_t*>(m.data) + expert * m.data_stride + n * (m.cols * BITS / 8) +
+                      (w % kUnitsPerRow) * kUnit;
+      }
+    }
+    static_assert(kScaleStage == kThreads, "one scale or bias word per thread");
+    {
+      const DevMatrix& m = affine_matrix(tid >> 1);
+      const int64_t n = affine_row(tid >> 1);
+      if (n < m.rows) scale_src = scales_of_row(m, (tid & 1) != 0 ? m.biases : m.scales, n);
+      scale_shift = __ffs(m.group_size) - 1;
+      scale_size_log = m.scale_dtype == SDType::kF32 ? 2 : 1;
+    }
+    if (tid < kBN) {
+      const DevMatrix& m = affine_matrix(tid);
+      const int64_t n = affine_row(tid);
+      row_dtype = m.scale_dtype;
+      row_shift = __ffs(m.group_size) - 1;
+      row_halves = static_cast<int>((scales_of_row(m, m.scales, n) >> 1) & 1) |
+                   static_cast<int>(((scales_of_row(m, m.biases, n) >> 1) & 1) << 1);
+    }
+  }
+  (void)code_src;
+  (void)scale_src;
+  (void)scale_shift;
+  (void)scale_size_log;
+  (void)row_dtype;
+  (void)row_shift;
+  (void)row_halves;
+  // Affine: copies stage `slot`'s codes (kBK * BITS / 8 bytes per tile row) and each row's scale and bias
+  // words; rows past the matrix read as zeros (codes, scale and bias: their outputs are dropped).
+  auto load_codes = [&](int slot, int64_t k0) {
+    if constexpr (kFactored) {
+      uint8_t* base = codes + slot * code_stage(BITS);
+#pragma unroll
+      for (int i = 0; i < kCopiesPerThread; ++i) {
+        const int w = tid + i * kThreads;
+        if (kCopies % kThreads != 0 && w >= kCopies) break;
+        const bool ok = code_src[i] != nullptr;
+        cp_async_bytes<kUnit>(base + w * kUnit, ok ? code_src[i] + k0 * BITS / 8 : P.w.data, ok);
+      }
+      const uintptr_t at = scale_src + (static_cast<uintptr_t>(k0 >> scale_shift) << scale_size_log);
+      cp_async_bytes<4>(scale_words + slot * kScaleStage + tid,
+                        scale_src != 0 ? reinterpret_cast<const void*>(at & ~uintptr_t{3}) : P.w.data,
+                        scale_src != 0);
+    }
+  };
+  // Affine: stage `slot`'s codes (every thread's copies landed and a barrier passed) into code tile `buf`,
+  // each thread the chunks it would stage, and the rows' scales and offsets.
+  auto convert_codes = [&](int slot, int buf, int64_t k0) {
+    if constexpr (kFactored) {
+      constexpr float kOffset = static_cast<float>(1 << (BITS - 1));
+      const uint8_t* base = codes + slot * code_stage(BITS);
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        const int c = tid + i * kThreads;
+        const uint64_t v = affine_codes8<BITS, false>(base + (c >> 2) * (kBK * BITS / 8), c & 3);
+        *reinterpret_cast<uint4*>(wh + buf * kWStage + (c >> 2) * kWPitch + (c & 3) * 8) =
+            centred_codes<BITS>(v);
+      }
+      if (tid < kBN) {
+        // A 16-bit value sits in the upper half of its word when its address is 2 past a multiple of 4:
+        // group 0's offset bit, flipped by odd groups.
+        const int odd = static_cast<int>((k0 >> row_shift) & 1);
+        const uint32_t* words = scale_words + slot * kScaleStage + 2 * tid;
+        const float sc = scale_from_word(row_dtype, words[0], ((row_halves & 1) ^ odd) != 0);
+        const float bias = scale_from_word(row_dtype, words[1], (((row_halves >> 1) & 1) ^ odd) != 0);
+        s_scale[buf][tid] = sc;
+        s_offset[buf][tid] = fmaf(kOffset, sc, bias);
+      }
     }
   };
   auto load_w_direct = [&](int stage, int64_t k0) {
@@ -276,6 +460,11 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
   const int wm = warp >> 2, wn = warp & 3;  // 32 activation rows x kWN weight rows of the tile
   const int g = lane >> 2, t4 = lane & 3;
   float acc[2][kNI][4] = {};
+  // Affine: the open group's code sums and, for the thread's four rows, its activation sum.
+  float gacc[kFactored ? 2 : 1][kFactored ? kNI : 1][4] = {};
+  float gsum[2][2] = {};
+  (void)gacc;
+  (void)gsum;
 
   auto compute = [&](int stage, int buf) {
     const uint16_t* xhb = ah_s + buf * kAStage;
@@ -312,47 +501,116 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
       for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
         for (int ni = 0; ni < kNI; ++ni) {
-          mma_bf16(acc[mi][ni], ah[mi], bh[ni]);
-          mma_bf16(acc[mi][ni], al[mi], bh[ni]);
+          float* d = kFactored ? gacc[kFactored ? mi : 0][kFactored ? ni : 0] : acc[mi][ni];
+          mma_bf16(d, ah[mi], bh[ni]);
+          mma_bf16(d, al[mi], bh[ni]);
           if constexpr (kSplit) mma_bf16(acc[mi][ni], ah[mi], bl[ni]);
         }
       }
     }
     (void)lb;
   };
-
-  // Prologue: the first kStages - 1 stages in flight (one commit group each, empty past the end).
+  // Affine: adds the stage's activation sums to the group's; at the group's last stage, scales the group
+  // into the outputs and opens the next. A gate/up pair's groups end at the smaller group size.
+  const int fold_stages = [&] {
+    const int gs = DUAL && P.w2.group_size < P.w.group_size ? P.w2.group_size : P.w.group_size;
+    return gs > kBK ? gs / kBK : 1;
+  }();
+  auto fold = [&](int kt) {
+    if constexpr (kFactored) {
+      const int buf = kt & 1;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < kt_count) {
-      load_x(s, static_cast<int64_t>(s) * kBK);
-      if constexpr (kDirect) {
-        load_w_direct(s, static_cast<int64_t>(s) * kBK);
-      } else {
-        fetch_w(static_cast<int64_t>(s) * kBK);
-        store_w(s);
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) gsum[mi][half] += s_xsum[buf][wm * 32 + mi * 16 + g + half * 8];
       }
-    }
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < kt_count; ++kt) {
-    cp_async_wait<kStages - 2>();
-    split_x(kt % kStages, kt & 1);  // its buffer was last read by compute(kt - 2), before the last barrier
-    __syncthreads();                // stage kt is visible; stage kt - 1 is no longer read
-    const int next = kt + kStages - 1;
-    const int ns = next % kStages;
-    if (next < kt_count) {
-      load_x(ns, static_cast<int64_t>(next) * kBK);
-      if constexpr (kDirect) {
-        load_w_direct(ns, static_cast<int64_t>(next) * kBK);
-      } else {
-        fetch_w(static_cast<int64_t>(next) * kBK);
+      if ((kt + 1) % fold_stages != 0 && kt + 1 != kt_count) return;
+#pragma unroll
+      for (int ni = 0; ni < kNI; ++ni) {
+        const int col = wn * kWN + ni * 8 + 2 * t4;
+        const float2 sc = *reinterpret_cast<const float2*>(&s_scale[buf][col]);
+        const float2 of = *reinterpret_cast<const float2*>(&s_offset[buf][col]);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float& y = acc[mi][ni][e];
+            y = fmaf((e & 1) != 0 ? sc.y : sc.x, gacc[mi][ni][e], y);
+            y = fmaf((e & 1) != 0 ? of.y : of.x, gsum[mi][e >> 1], y);
+            gacc[mi][ni][e] = 0.0f;
+          }
+        }
       }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) gsum[mi][0] = gsum[mi][1] = 0.0f;
     }
-    cp_async_commit();
-    compute(kt % kStages, kt & 1);
-    if constexpr (!kDirect) {
-      if (next < kt_count) store_w(ns);
+  };
+
+  if constexpr (kFactored) {
+    // Stage kt's codes become code tile kt % 2 in iteration kt - 1, after the barrier that shows every
+    // thread's copies of them: so the copies run kAffineStages - 1 stages ahead and the conversion one.
+#pragma unroll
+    for (int s = 0; s < kAffineStages - 1; ++s) {
+      if (s < kt_count) {
+        load_x(s, static_cast<int64_t>(s) * kBK);
+        load_codes(s, static_cast<int64_t>(s) * kBK);
+      }
+      cp_async_commit();
+    }
+    cp_async_wait<kAffineStages - 2>();
+    __syncthreads();
+    convert_codes(0, 0, 0);
+    for (int kt = 0; kt < kt_count; ++kt) {
+      cp_async_wait<kAffineStages - 3>();  // stages kt and kt + 1
+      split_x(kt % kAffineStages, kt & 1);
+      __syncthreads();  // code tile kt, stage kt + 1's codes and the split activations are visible
+      const int next = kt + kAffineStages - 1;
+      if (next < kt_count) {
+        load_x(next % kAffineStages, static_cast<int64_t>(next) * kBK);
+        load_codes(next % kAffineStages, static_cast<int64_t>(next) * kBK);
+      }
+      cp_async_commit();
+      // Code tile (kt + 1) % 2 was last read by compute(kt - 1), before the barrier.
+      if (kt + 1 < kt_count) {
+        convert_codes((kt + 1) % kAffineStages, (kt + 1) & 1, static_cast<int64_t>(kt + 1) * kBK);
+      }
+      compute(kt & 1, kt & 1);
+      fold(kt);
+    }
+  } else {
+    // Prologue: the first kStages - 1 stages in flight (one commit group each, empty past the end).
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < kt_count) {
+        load_x(s, static_cast<int64_t>(s) * kBK);
+        if constexpr (kDirect) {
+          load_w_direct(s, static_cast<int64_t>(s) * kBK);
+        } else {
+          fetch_w(static_cast<int64_t>(s) * kBK);
+          store_w(s);
+        }
+      }
+      cp_async_commit();
+    }
+    for (int kt = 0; kt < kt_count; ++kt) {
+      cp_async_wait<kStages - 2>();
+      split_x(kt % kStages, kt & 1);  // its buffer was last read by compute(kt - 2), before the last barrier
+      __syncthreads();                // stage kt is visible; stage kt - 1 is no longer read
+      const int next = kt + kStages - 1;
+      const int ns = next % kStages;
+      if (next < kt_count) {
+        load_x(ns, static_cast<int64_t>(next) * kBK);
+        if constexpr (kDirect) {
+          load_w_direct(ns, static_cast<int64_t>(next) * kBK);
+        } else {
+          fetch_w(static_cast<int64_t>(next) * kBK);
+        }
+      }
+      cp_async_commit();
+      compute(kt % kStages, kt & 1);
+      if constexpr (!kDirect) {
+        if (next < kt_count) store_w(ns);
+      }
     }
   }
   cp_async_wait<0>();
@@ -386,14 +644,14 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
 
 template <int FMT, int BITS, bool DUAL, bool WIDE>
 void launch_kernel(const MmaJob& j, dim3 grid, cudaStream_t stream) {
-  launch_pdl(mma_kernel<FMT, BITS, DUAL, WIDE>, grid, dim3(kThreads),
-             smem_bytes(FMT != static_cast<int>(WFmt::kBF16), WIDE), stream, j);
+  launch_pdl(mma_kernel<FMT, BITS, DUAL, WIDE>, grid, dim3(kThreads), smem_bytes<FMT, BITS, WIDE>(), stream,
+             j);
 }
 
 template <int FMT, int BITS, bool DUAL, bool WIDE>
 void opt_in() {
   cudaFuncSetAttribute(mma_kernel<FMT, BITS, DUAL, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(smem_bytes(FMT != static_cast<int>(WFmt::kBF16), WIDE)));
+                       static_cast<int>(smem_bytes<FMT, BITS, WIDE>()));
 }
 
 }  // namespace
