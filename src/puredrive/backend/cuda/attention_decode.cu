@@ -120,7 +120,7 @@ __device__ __forceinline__ void tile_scores(const uint16_t* ks, const uint16_t* 
     }
     for (int k0 = 16 * h; k0 < D; k0 += 32) {
       uint32_t a[4];
-      attn::ldmatrix_x4(a, ka + k0);
+      ldmatrix_x4(a, ka + k0);
 #pragma unroll
       for (int b = 0; b < NB; ++b) {
         const uint16_t* qh = qhi + ((n0 + b) * 8 + g) * ld + 2 * t + k0;
@@ -231,7 +231,7 @@ __device__ __forceinline__ void tile_values(float acc[2][NT][4], const uint16_t*
         vs + ((lane & 7) + 8 * (lane >> 4)) * ld + (warp + mm * kWarps) * 16 + 8 * ((lane >> 3) & 1);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      if (mm == 0 || second) attn::ldmatrix_x4_trans(a[mm][kk], va + kk * 16 * ld);
+      if (mm == 0 || second) ldmatrix_x4_trans(a[mm][kk], va + kk * 16 * ld);
     }
   }
 #pragma unroll
@@ -349,24 +349,24 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     // tile i, V(i+1) during the scores of tile i+1.
     const int tiles = (end - start + kAttnTile - 1) / kAttnTile;
     attn::issue_kv_tile(ks, kc, kvw, kh, D, start, end);
-    attn::copy_commit();
+    copy_async_commit();
     attn::issue_kv_tile(vs, vc, kvw, kh, D, start, end);
-    attn::copy_commit();
+    copy_async_commit();
     for (int it = 0; it < tiles; ++it) {
       const int t0 = start + it * kAttnTile;
-      attn::copy_wait<1>();  // K(it)
+      copy_async_wait<1>();  // K(it)
       __syncthreads();
       tile_scores<NT>(ks, qhi, qlo, sc, D);
       __syncthreads();
       if (it + 1 < tiles) attn::issue_kv_tile(ks, kc, kvw, kh, D, t0 + kAttnTile, end);
-      attn::copy_commit();
+      copy_async_commit();
       tile_softmax<NT>(sc, phi, plo, ms, ls, alphas, nq, group, plan, active, t0, scale);
-      attn::copy_wait<1>();  // V(it)
+      copy_async_wait<1>();  // V(it)
       __syncthreads();
       tile_values<NT>(acc, vs, phi, plo, alphas, D);
       __syncthreads();
       if (it + 1 < tiles) attn::issue_kv_tile(vs, vc, kvw, kh, D, t0 + kAttnTile, end);
-      attn::copy_commit();
+      copy_async_commit();
     }
     // Partial results of the item's active rows: output (unnormalised), max and sum.
 #pragma unroll

@@ -1,9 +1,7 @@
-// What the tensor-core attention kernels share (attention_decode.cu, attention_prefill.cu): asynchronous
-// copies with zero fill, ldmatrix, the bf16 mma, and the launches attention.cu dispatches to.
+// What the tensor-core attention kernels share (attention_decode.cu, attention_prefill.cu): the K/V tile
+// copies, bf16 packing, and the launches attention.cu dispatches to.
 //
-// The mma and its fragments: mma_bf16 in common.cuh.
-// ldmatrix.x4 loads four 8 x 8 bf16 matrices whose rows (16 bytes each) lanes 8i..8i+7 address, matrix i into
-// register i: lane (g, t) receives row g, columns 2t, 2t+1; with .trans, rows 2t, 2t+1 of column g.
+// The mma and its fragments, the copies and ldmatrix: common.cuh.
 #pragma once
 
 #include "puredrive/backend/cuda/attention_plan.h"
@@ -13,37 +11,6 @@ namespace pd::cuda {
 namespace attn {
 
 constexpr int kPad = 8;  // bf16 elements of padding per shared-memory row: rows 16 bytes apart in bank terms
-
-// 16 bytes global -> shared (cp.async), or 16 zero bytes without reading when !valid (gmem must still be a
-// valid address).
-__device__ __forceinline__ void copy16_or_zero(void* smem, const void* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
-}
-__device__ __forceinline__ void copy_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's committed copy groups are still in flight.
-template <int N>
-__device__ __forceinline__ void copy_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s)
-               : "memory");
-}
 
 using cuda::mma_bf16;
 
@@ -79,7 +46,7 @@ __device__ __forceinline__ void issue_kv_tile(uint16_t* tile, const uint16_t* ca
     const int64_t src_step = static_cast<int64_t>(step) * kv_width;
     for (; t < kAttnTile; t += step, src += src_step) {
       const bool valid = t0 + t < end;
-      copy16_or_zero(tile + t * ld + ch * 8, valid ? src : cache, valid);
+      copy_or_zero_async<16>(tile + t * ld + ch * 8, valid ? src : cache, valid);
     }
     return;
   }
@@ -89,7 +56,7 @@ __device__ __forceinline__ void issue_kv_tile(uint16_t* tile, const uint16_t* ca
     const bool valid = pos < end;
     const uint16_t* src =
         valid ? cache + static_cast<int64_t>(pos) * kv_width + static_cast<int64_t>(kh) * D + ch * 8 : cache;
-    copy16_or_zero(tile + t * ld + ch * 8, src, valid);
+    copy_or_zero_async<16>(tile + t * ld + ch * 8, src, valid);
   }
 }
 

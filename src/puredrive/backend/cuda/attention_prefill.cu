@@ -80,9 +80,9 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttentionLaunch 
   const int64_t kvw = static_cast<int64_t>(a.num_kv_heads) * D;
   if (tiles > 0) {
     attn::issue_kv_tile(ks, kc, kvw, kh, D, 0, max_pos + 1);
-    attn::copy_commit();
+    copy_async_commit();
     attn::issue_kv_tile(vs, vc, kvw, kh, D, 0, max_pos + 1);
-    attn::copy_commit();
+    copy_async_commit();
   }
   const int pos0 = spos[warp * 16 + g], pos1 = spos[warp * 16 + g + 8];
   // Scores stay in raw units; exp2 of (s - m) * scale * log2(e).
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttentionLaunch 
   const uint16_t* vb_row = vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kLd + 8 * (lane >> 4);
   for (int kt = 0; kt < tiles; ++kt) {
     const int k0 = kt * kAttnTile;
-    attn::copy_wait<1>();  // K(kt)
+    copy_async_wait<1>();  // K(kt)
     __syncthreads();
     float s[8][4];
 #pragma unroll
@@ -104,19 +104,19 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttentionLaunch 
 #pragma unroll
     for (int d0 = 0; d0 < D; d0 += 16) {
       uint32_t qa[4];
-      attn::ldmatrix_x4(qa, qa_row + d0);
+      ldmatrix_x4(qa, qa_row + d0);
 #pragma unroll
       for (int nb = 0; nb < 8; nb += 2) {
         // B = K^T: matrix i of the ldmatrix is keys +8 (i >> 1), dims +8 (i & 1).
         uint32_t kb[4];
-        attn::ldmatrix_x4(kb, kb_row + nb * 8 * kLd + d0);
+        ldmatrix_x4(kb, kb_row + nb * 8 * kLd + d0);
         attn::mma_bf16(s[nb], qa, kb[0], kb[1]);
         attn::mma_bf16(s[nb + 1], qa, kb[2], kb[3]);
       }
     }
     __syncthreads();
     if (kt + 1 < tiles) attn::issue_kv_tile(ks, kc, kvw, kh, D, k0 + kAttnTile, max_pos + 1);
-    attn::copy_commit();
+    copy_async_commit();
     // Rows g (pos0) and g + 8 (pos1) of the warp; this lane holds keys k0 + 8 nb + 2t + {0, 1}.
     float mt0 = -INFINITY, mt1 = -INFINITY;
 #pragma unroll
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttentionLaunch 
       pa[kk][2] = attn::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pa[kk][3] = attn::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    attn::copy_wait<1>();  // V(kt)
+    copy_async_wait<1>();  // V(kt)
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -179,14 +179,14 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttentionLaunch 
       for (int nd = 0; nd < kDimBlocks; nd += 2) {
         // B = V with .trans: matrix i of the ldmatrix is keys +8 (i & 1), dims +8 (i >> 1).
         uint32_t vb[4];
-        attn::ldmatrix_x4_trans(vb, vb_row + kk * 16 * kLd + nd * 8);
+        ldmatrix_x4_trans(vb, vb_row + kk * 16 * kLd + nd * 8);
         attn::mma_bf16(o[nd], pa[kk], vb[0], vb[1]);
         attn::mma_bf16(o[nd + 1], pa[kk], vb[2], vb[3]);
       }
     }
     __syncthreads();
     if (kt + 1 < tiles) attn::issue_kv_tile(vs, vc, kvw, kh, D, k0 + kAttnTile, max_pos + 1);
-    attn::copy_commit();
+    copy_async_commit();
   }
   // Row sums over the quad (each lane summed its own keys), then out = (o / l) * sigmoid(gate).
   l0 = l0 + __shfl_xor_sync(0xffffffffu, l0, 1);

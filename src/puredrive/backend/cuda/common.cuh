@@ -509,6 +509,47 @@ __device__ __forceinline__ void copy4_async(void* smem, const void* gmem) {
 __device__ __forceinline__ void copy_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
+// N (4, 8 or 16) bytes global -> shared, or N zero bytes without reading when !valid (gmem must still be a
+// mapped address); both addresses N-byte aligned. Completed per commit group (copy_async_commit,
+// copy_async_wait).
+template <int N>
+__device__ __forceinline__ void copy_or_zero_async(void* smem, const void* gmem, bool valid) {
+  static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (N == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem), "n"(N),
+                 "r"(valid ? N : 0)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ldmatrix.x4 loads four 8 x 8 bf16 matrices whose rows (16 bytes each) lanes 8i..8i+7 address, matrix i into
+// register i: lane (g, t) receives row g, columns 2t, 2t+1; with .trans, rows 2t, 2t+1 of column g.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s)
+               : "memory");
+}
 
 // Programmatic dependent launch (sm_90): a kernel launched by launch_pdl may be scheduled while its
 // predecessor in the stream is still finishing. pdl_enter() lets the next kernel be scheduled likewise, then

@@ -19,144 +19,17 @@
 // other rows (zero rows and zero columns pad the tiles).
 
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/gemm_mma_tiles.cuh"
 #include "puredrive/backend/cuda/moe_partition.h"
 
 namespace pd::cuda {
 namespace {
 
-constexpr int kBM = kMmaRows;
-constexpr int kBK = 32;
-constexpr int kStages = 3;
-constexpr int kThreads = 256;
-constexpr int kXPitch = kBK + 8;  // floats per staged activation row
-constexpr int kWPitch = kBK + 8;  // bf16 per staged weight row: 80 bytes, conflict-free ldmatrix
-
-static_assert(kBM == 64, "the warp layout assumes 64-row tiles");
-
-constexpr int kXStage = kBM * kXPitch;  // floats
-constexpr int kAPitch = kBK + 8;        // bf16 per split activation row: conflict-free ldmatrix
-constexpr int kAStage = kBM * kAPitch;  // bf16
-constexpr int w_stage(bool wide) {      // bf16
-  return (wide ? kMmaColsWide : kMmaCols) * kWPitch;
-}
-
-constexpr int kAffineStages = 4;  // affine: stages in flight (codes become bf16 one stage ahead)
-// Affine: a stage's codes, kBK * BITS / 8 bytes per weight row, and each row's scale and bias as the aligned
-// words that hold them.
-constexpr int code_stage(int bits) {  // bytes
-  return kMmaCols * kBK * bits / 8;
-}
-constexpr int kScaleStage = kMmaCols * 2;  // words
-// The copy size for a stage's codes: a row's kBK codes are 4 BITS bytes and start on a multiple of that, so
-// the largest of 16, 8 and 4 that divides it.
-constexpr int code_copy_bytes(int bits) {
-  return (4 * bits) % 16 == 0 ? 16 : (4 * bits) % 8 == 0 ? 8 : 4;
-}
-
-template <int FMT, int BITS, bool WIDE>
-constexpr size_t smem_bytes() {
-  if constexpr (FMT == static_cast<int>(WFmt::kAffine)) {
-    return static_cast<size_t>(kAffineStages) * (kXStage * 4 + code_stage(BITS) + kScaleStage * 4) +
-           size_t{2} * w_stage(false) * 2 + size_t{2} * 2 * kAStage * 2;
-  } else {
-    const bool split = FMT != static_cast<int>(WFmt::kBF16);
-    return static_cast<size_t>(kStages) * (kXStage * 4 + w_stage(WIDE) * 2 * (split ? 2 : 1)) +
-           size_t{2} * 2 * kAStage * 2;
-  }
-}
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-// Copies that write zeros instead of reading when !valid (src must still be a mapped address).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-// N (4, 8 or 16) bytes, both addresses N-byte aligned; zeros when !valid.
-template <int N>
-__device__ __forceinline__ void cp_async_bytes(void* dst, const void* src, bool valid) {
-  if constexpr (N == 16) {
-    cp_async16(dst, src, valid);
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_u32(dst)), "l"(src), "n"(N),
-                 "r"(valid ? N : 0)
-                 : "memory");
-  }
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-
-// Eight affine codes centred to q - 2^(BITS-1) as bf16 (exact: at most 8 significant bits): 2^23 + q is
-// the f32 with q in its low mantissa bits, and subtracting 2^23 + o leaves q - o exactly.
-template <int BITS>
-__device__ __forceinline__ uint4 centred_codes(uint64_t v) {
-  constexpr uint64_t kMask = (1ull << BITS) - 1ull;
-  constexpr float kBase = 8388608.0f + static_cast<float>(1 << (BITS - 1));
-  uint32_t out[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t q0 = static_cast<uint32_t>((v >> (BITS * 2 * j)) & kMask);
-    const uint32_t q1 = static_cast<uint32_t>((v >> (BITS * (2 * j + 1))) & kMask);
-    const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(0x4B000000u | q0) - kBase,
-                                                   __uint_as_float(0x4B000000u | q1) - kBase);
-    out[j] = *reinterpret_cast<const uint32_t*>(&h);
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-// A scale or bias from the aligned word that held it: f32, or the upper (`upper`) or lower 16-bit half.
-__device__ __forceinline__ float scale_from_word(SDType t, uint32_t word, bool upper) {
-  if (t == SDType::kF32) return __uint_as_float(word);
-  const uint32_t h = upper ? word >> 16 : word & 0xffffu;
-  return t == SDType::kBF16 ? bf16_bits(h) : f16_bits(h);
-}
-
-struct WSource {
-  const DevMatrix* m;
-  const void* data;
-  const void* scales;
-  const void* biases;
-  int64_t n;  // weight row
-  bool ok;    // inside the matrix
-};
-
-__device__ __forceinline__ WSource weight_source(const DevMatrix& m, int64_t expert, int64_t n) {
-  WSource s;
-  s.m = &m;
-  s.data = static_cast<const uint8_t*>(m.data) + expert * m.data_stride;
-  s.scales = m.scales == nullptr ? nullptr : static_cast<const uint8_t*>(m.scales) + expert * m.scale_stride;
-  s.biases = m.biases == nullptr ? nullptr : static_cast<const uint8_t*>(m.biases) + expert * m.scale_stride;
-  s.n = n;
-  s.ok = n < m.rows;
-  return s;
-}
-
-// Each thread stages kChunks chunks of 8 columns of the weight tile (row c / 4, columns 8 (c % 4) of the
-// stage) and kXChunks chunks of 4 activations (row c / 8, columns 4 (c % 8)).
-constexpr int kXChunks = kBM * kBK / 4 / kThreads;
-static_assert(kXChunks == 2, "activation staging assumes two chunks per thread");
+using namespace gemm_tiles;
 
 // WIDE (bf16 weights only, mma_tile_cols): 256 weight rows per tile, a warp 32 x 64 outputs, so each
 // activation fragment serves twice the products (fewer shared-memory reads per mma). Each output keeps
-// its sum and its order, so the bits should not change (no test has compared them on a GPU yet).
+// its sum and its order, so its bits are those of the 128-row tiles.
 template <int FMT, int BITS, bool DUAL, bool WIDE>
 __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant__ MmaJob j) {
   constexpr bool kDirect = FMT == static_cast<int>(WFmt::kBF16);      // weights copied as they are
@@ -263,14 +136,14 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
       float* dst = base + (c >> 3) * kXPitch + (c & 7) * 4;
       const float* s = ok ? xrow[i] + k : P.x;
       if (xvec) {
-        cp_async16(dst, s, ok);
+        copy_or_zero_async<16>(dst, s, ok);
       } else {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) cp_async4(dst + q, ok ? s + q : P.x, ok);
+        for (int q = 0; q < 4; ++q) copy_or_zero_async<4>(dst + q, ok ? s + q : P.x, ok);
       }
     }
   };
-  // The thread's own copies of the stage, split into buffer `buf` (they landed: cp_async_wait by this
+  // The thread's own copies of the stage, split into buffer `buf` (they landed: copy_async_wait by this
   // thread).
   auto split_x = [&](int stage, int buf) {
     const float* base = xs + stage * kXStage;
@@ -363,12 +236,12 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
         const int w = tid + i * kThreads;
         if (kCopies % kThreads != 0 && w >= kCopies) break;
         const bool ok = code_src[i] != nullptr;
-        cp_async_bytes<kUnit>(base + w * kUnit, ok ? code_src[i] + k0 * BITS / 8 : P.w.data, ok);
+        copy_or_zero_async<kUnit>(base + w * kUnit, ok ? code_src[i] + k0 * BITS / 8 : P.w.data, ok);
       }
       const uintptr_t at = scale_src + (static_cast<uintptr_t>(k0 >> scale_shift) << scale_size_log);
-      cp_async_bytes<4>(scale_words + slot * kScaleStage + tid,
-                        scale_src != 0 ? reinterpret_cast<const void*>(at & ~uintptr_t{3}) : P.w.data,
-                        scale_src != 0);
+      copy_or_zero_async<4>(scale_words + slot * kScaleStage + tid,
+                            scale_src != 0 ? reinterpret_cast<const void*>(at & ~uintptr_t{3}) : P.w.data,
+                            scale_src != 0);
     }
   };
   // Affine: stage `slot`'s codes (every thread's copies landed and a barrier passed) into code tile `buf`,
@@ -406,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
       const bool ok = n < src[0].m->rows && k < K;
       const uint16_t* s =
           ok ? static_cast<const uint16_t*>(src[0].data) + n * K + k : static_cast<const uint16_t*>(P.w.data);
-      cp_async16(base + (c >> 2) * kWPitch + (c & 3) * 8, s, ok);
+      copy_or_zero_async<16>(base + (c >> 2) * kWPitch + (c & 3) * 8, s, ok);
     }
   };
   // Decoding formats: raw loads (or, for run-time formats, decoded weights) kept in registers for a stage.
@@ -555,13 +428,13 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
         load_x(s, static_cast<int64_t>(s) * kBK);
         load_codes(s, static_cast<int64_t>(s) * kBK);
       }
-      cp_async_commit();
+      copy_async_commit();
     }
-    cp_async_wait<kAffineStages - 2>();
+    copy_async_wait<kAffineStages - 2>();
     __syncthreads();
     convert_codes(0, 0, 0);
     for (int kt = 0; kt < kt_count; ++kt) {
-      cp_async_wait<kAffineStages - 3>();  // stages kt and kt + 1
+      copy_async_wait<kAffineStages - 3>();  // stages kt and kt + 1
       split_x(kt % kAffineStages, kt & 1);
       __syncthreads();  // code tile kt, stage kt + 1's codes and the split activations are visible
       const int next = kt + kAffineStages - 1;
@@ -569,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
         load_x(next % kAffineStages, static_cast<int64_t>(next) * kBK);
         load_codes(next % kAffineStages, static_cast<int64_t>(next) * kBK);
       }
-      cp_async_commit();
+      copy_async_commit();
       // Code tile (kt + 1) % 2 was last read by compute(kt - 1), before the barrier.
       if (kt + 1 < kt_count) {
         convert_codes((kt + 1) % kAffineStages, (kt + 1) & 1, static_cast<int64_t>(kt + 1) * kBK);
@@ -590,10 +463,10 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
           store_w(s);
         }
       }
-      cp_async_commit();
+      copy_async_commit();
     }
     for (int kt = 0; kt < kt_count; ++kt) {
-      cp_async_wait<kStages - 2>();
+      copy_async_wait<kStages - 2>();
       split_x(kt % kStages, kt & 1);  // its buffer was last read by compute(kt - 2), before the last barrier
       __syncthreads();                // stage kt is visible; stage kt - 1 is no longer read
       const int next = kt + kStages - 1;
@@ -606,14 +479,14 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
           fetch_w(static_cast<int64_t>(next) * kBK);
         }
       }
-      cp_async_commit();
+      copy_async_commit();
       compute(kt % kStages, kt & 1);
       if constexpr (!kDirect) {
         if (next < kt_count) store_w(ns);
       }
     }
   }
-  cp_async_wait<0>();
+  copy_async_wait<0>();
   pdl_launch_dependents();
 
   // Fragment c of n tile ni: row g (c0, c1) or g + 8 (c2, c3), tile columns 2 t4 and 2 t4 + 1.
