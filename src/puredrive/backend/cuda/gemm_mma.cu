@@ -384,7 +384,8 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
     (void)lb;
   };
   // Affine: adds the stage's activation sums to the group's; at the group's last stage, scales the group
-  // into the outputs and opens the next. A gate/up pair's groups end at the smaller group size.
+  // into the outputs and opens the next. A gate/up pair's groups end at the smaller group size. Group sizes
+  // are 32, 64 or 128 (validate_matrix), so fold_stages is 1, 2 or 4.
   const int fold_stages = [&] {
     const int gs = DUAL && P.w2.group_size < P.w.group_size ? P.w2.group_size : P.w.group_size;
     return gs > kBK ? gs / kBK : 1;
@@ -397,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(const __grid_constant_
 #pragma unroll
         for (int half = 0; half < 2; ++half) gsum[mi][half] += s_xsum[buf][wm * 32 + mi * 16 + g + half * 8];
       }
-      if ((kt + 1) % fold_stages != 0 && kt + 1 != kt_count) return;
+      if (((kt + 1) & (fold_stages - 1)) != 0 && kt + 1 != kt_count) return;
 #pragma unroll
       for (int ni = 0; ni < kNI; ++ni) {
         const int col = wn * kWN + ni * 8 + 2 * t4;

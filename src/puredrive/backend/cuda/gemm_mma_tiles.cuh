@@ -49,17 +49,24 @@ constexpr size_t smem_bytes() {
 
 // Eight affine codes centred to q - 2^(BITS-1) as bf16 (exact: at most 8 significant bits): 2^23 + q is
 // the f32 with q in its low mantissa bits, and subtracting 2^23 + o leaves q - o exactly.
+// 8-bit codes are whole bytes: one byte permute builds each f32.
 template <int BITS>
 __device__ __forceinline__ uint4 centred_codes(uint64_t v) {
   constexpr uint64_t kMask = (1ull << BITS) - 1ull;
   constexpr float kBase = 8388608.0f + static_cast<float>(1 << (BITS - 1));
+  const auto as_f32 = [&](int i) {
+    if constexpr (BITS == 8) {
+      // Bytes (code i, 0, 0, 0x4B) of (v's word, 0x4B000000).
+      const uint32_t word = static_cast<uint32_t>(v >> (32 * (i / 4)));
+      return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | static_cast<uint32_t>(i % 4)));
+    } else {
+      return __uint_as_float(0x4B000000u | static_cast<uint32_t>((v >> (BITS * i)) & kMask));
+    }
+  };
   uint32_t out[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t q0 = static_cast<uint32_t>((v >> (BITS * 2 * j)) & kMask);
-    const uint32_t q1 = static_cast<uint32_t>((v >> (BITS * (2 * j + 1))) & kMask);
-    const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(0x4B000000u | q0) - kBase,
-                                                   __uint_as_float(0x4B000000u | q1) - kBase);
+    const __nv_bfloat162 h = __floats2bfloat162_rn(as_f32(2 * j) - kBase, as_f32(2 * j + 1) - kBase);
     out[j] = *reinterpret_cast<const uint32_t*>(&h);
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
