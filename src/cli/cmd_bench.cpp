@@ -250,7 +250,9 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
 #endif
 
   // Verify-step cost: R rows (all logits + argmax) against one row; the R-row step is rolled back to its
-  // first row (GDN snapshot restore), as after a fully rejected draft.
+  // first row (GDN snapshot restore), as after a fully rejected draft. The rows are one token repeated, so
+  // on random weights they share more experts than a real verify step's rows (docs/DESIGN.md §8, "Which
+  // experts the bench's multi-row steps read"); the MTP cycle cells verify different tokens.
   auto time_rows = [&](int rows) {
     std::vector<double> t;
     std::vector<int32_t> toks(static_cast<size_t>(rows), tok);
