@@ -92,6 +92,9 @@ except Exception as e:
 for c in j["cells"]:
     v = c["verify"]
     fr = f", bytes ratio {v['floor_ratio']:.2f}" if "floor_ratio" in v else ""
+    if "ratio_distinct" in v:
+        fr += f" (different tokens: {v['ratio_distinct']:.2f}" + (
+            f", bytes {v['floor_ratio_distinct']:.2f})" if "floor_ratio_distinct" in v else ")")
     g = c.get("cuda_graphs") or {}
     print(f"{j['model']['quant']:>4} {sys.argv[2]} r{sys.argv[3]} ctx {c['context']:>6}: {c['decode_tokens_per_second']:7.1f} tok/s "
           f"({100*c['fraction_of_floor']:4.1f}% of {c['floor_tokens_per_second']:.0f}), step {c['step_ms_median']:.3f} ms, "

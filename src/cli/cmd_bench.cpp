@@ -169,7 +169,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
                            double bandwidth) {
   Backend& be = m.backend();
   const int V = sm.config.vocab_size;
-  const int verify_tokens = (a.verify_iters + 2) * 2;
+  const int verify_tokens = (a.verify_iters + 2) * 3;  // one-row, R-row, R-row of different tokens
   SequenceState st = check(
       m.new_state({.ctx_size = context + a.tokens + verify_tokens + a.profile_steps + a.profile_rows + 16,
                    .kv_dtype = DType::kBF16,
@@ -250,12 +250,16 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
 #endif
 
   // Verify-step cost: R rows (all logits + argmax) against one row; the R-row step is rolled back to its
-  // first row (GDN snapshot restore), as after a fully rejected draft. The rows are one token repeated, so
-  // on random weights they share more experts than a real verify step's rows (docs/DESIGN.md §8, "Which
-  // experts the bench's multi-row steps read"); the MTP cycle cells verify different tokens.
-  auto time_rows = [&](int rows) {
+  // first row (GDN snapshot restore), as after a fully rejected draft. With one token repeated, the rows of
+  // random weights share more experts than a real verify step's rows; with different tokens (`distinct`)
+  // their experts are close to independent, fewer shared than a real model's. The two bracket a real
+  // verify step (docs/DESIGN.md §8, "Which experts the bench's multi-row steps read").
+  auto time_rows = [&](int rows, bool distinct) {
     std::vector<double> t;
     std::vector<int32_t> toks(static_cast<size_t>(rows), tok);
+    for (int i = 1; distinct && i < rows; ++i) {
+      toks[static_cast<size_t>(i)] = static_cast<int32_t>((int64_t{tok} + int64_t{7919} * i) % V);
+    }
     for (int it = 0; it < a.verify_iters + 2; ++it) {
       const auto s0 = Clock::now();
       run_step(m, st, toks, LogitRows::kAll, ids);
@@ -270,33 +274,43 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   auto experts_per_step = [&](int64_t before, int64_t after) {
     return static_cast<double>(after - before) / (a.verify_iters + 2);
   };
-  int64_t e0 = 0, e1 = 0, e2 = 0;
+  int64_t e0 = 0, e1 = 0, e2 = 0, e3 = 0;
   const bool count_experts = be.device() == Device::kCuda;
 #ifdef PD_HAVE_CUDA
   if (count_experts) e0 = check(cuda_moe_experts_read(be));
 #endif
-  const double r1 = time_rows(1);
+  const double r1 = time_rows(1, false);
 #ifdef PD_HAVE_CUDA
   if (count_experts) e1 = check(cuda_moe_experts_read(be));
 #endif
-  const double rn = time_rows(a.verify_rows);
+  const double rn = time_rows(a.verify_rows, false);
 #ifdef PD_HAVE_CUDA
   if (count_experts) e2 = check(cuda_moe_experts_read(be));
 #endif
-  nlohmann::json verify = {
-      {"rows", a.verify_rows}, {"r1_ms", 1e3 * r1}, {"rn_ms", 1e3 * rn}, {"ratio", rn / r1}};
+  const double rd = time_rows(a.verify_rows, true);
+#ifdef PD_HAVE_CUDA
+  if (count_experts) e3 = check(cuda_moe_experts_read(be));
+#endif
+  nlohmann::json verify = {{"rows", a.verify_rows},
+                           {"r1_ms", 1e3 * r1},
+                           {"rn_ms", 1e3 * rn},
+                           {"ratio", rn / r1},
+                           {"rn_distinct_ms", 1e3 * rd},
+                           {"ratio_distinct", rd / r1},
+                           {"rows_are", "ratio: one token repeated; ratio_distinct: different tokens"}};
   if (count_experts) {
     // One step's bytes with the experts it read; the R-row step also writes R GDN state snapshots.
     const StepBytes& sb = sm.step_bytes;
     const double expert_bytes =
         static_cast<double>(sb.experts_active) /
         static_cast<double>(sm.config.num_experts_per_tok * sm.config.num_hidden_layers);
-    const double x1 = experts_per_step(e0, e1), xn = experts_per_step(e1, e2);
+    const double x1 = experts_per_step(e0, e1), xn = experts_per_step(e1, e2), xd = experts_per_step(e2, e3);
     const double base = static_cast<double>(sb.at_context(context) - sb.experts_active);
     const double b1 = base + x1 * expert_bytes;
-    const double bn = base + xn * expert_bytes + static_cast<double>(a.verify_rows) * sb.gdn_state / 2;
-    verify["experts_per_step"] = {{"r1", x1}, {"rn", xn}};
-    verify["floor_ratio"] = bn / b1;
+    const double snapshots = static_cast<double>(a.verify_rows) * sb.gdn_state / 2;
+    verify["experts_per_step"] = {{"r1", x1}, {"rn", xn}, {"rn_distinct", xd}};
+    verify["floor_ratio"] = (base + xn * expert_bytes + snapshots) / b1;
+    verify["floor_ratio_distinct"] = (base + xd * expert_bytes + snapshots) / b1;
   }
 
   // Where a decode step's device time goes: a few eager one-row steps with every op timed by events.

@@ -283,6 +283,11 @@ TEST(BenchSynth, MtpCyclesWithAScriptedAcceptance) {
     EXPECT_GT(m["plain_step_ms"].get<double>(), 0);
     EXPECT_GT(m["floor"]["bytes_per_cycle"].get<double>(), 0);
     EXPECT_GT(m["fraction_of_floor"].get<double>(), 0);
+    // The verify step timed with one token repeated and with different tokens.
+    const json& v = c["verify"];
+    EXPECT_GT(v["ratio"].get<double>(), 0) << v.dump();
+    EXPECT_GT(v["ratio_distinct"].get<double>(), 0) << v.dump();
+    EXPECT_GT(v["rn_distinct_ms"].get<double>(), 0) << v.dump();
   }
   auto text = read_text_file(md);
   ASSERT_TRUE(text.has_value());
