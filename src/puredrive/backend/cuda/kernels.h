@@ -80,10 +80,11 @@ void launch_tiled(const TileJob& j, int groups, int max_rows, cudaStream_t strea
 // A prefill step (MatmulArgs::prefill, or R > kMaxRows) runs its products on the tensor cores (mma.sync
 // m16n8k16, bf16 inputs, f32 accumulation) in tiles of kMmaRows activation rows x kMmaCols weight rows.
 // Precision: each f32 activation is split into bf16 hi + lo (x = hi + lo to 16 significant bits), each
-// weight likewise unless it is bf16 already (exact), and a product is hi*hi + lo*hi (+ hi*lo), so results
-// agree with the f32 CPU backend to about 1e-5 relative. Every output element sums over the columns in
-// ascending stages of kMmaK in one fixed order, and its value depends only on its own activation row and
-// weight row: not on R, on the row's place in its tile, or on the other rows (docs/DESIGN.md §4.6).
+// weight likewise unless it is bf16 already (exact) or affine (its codes centred to q - 2^(b-1) are exact,
+// and each group's sum is scaled once), and a product is hi*hi + lo*hi (+ hi*lo), so results agree with the
+// f32 CPU backend to about 1e-5 relative. Every output element sums over the columns in ascending stages of
+// kMmaK in one fixed order, and its value depends only on its own activation row and weight row: not on R,
+// on the row's place in its tile, or on the other rows (docs/DESIGN.md §4.6).
 constexpr int kMmaRows = 64;
 constexpr int kMmaCols = 128;      // weight rows per tile (a gate/up pair: 64 outputs, rows interleaved)
 constexpr int kMmaColsWide = 256;  // the same for bf16 weights (mma_tile_cols)
