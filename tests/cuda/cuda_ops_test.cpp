@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "cuda/cuda_test_util.h"
@@ -94,8 +95,9 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
           ASSERT_TRUE(gpu_->matmul({.w = wg, .x = xg.tensor(), .out = og.tensor(), .accum = acc}).is_ok());
           const std::vector<float> got = download<float>(*gpu_, og.tensor());
           // bf16 weights of a width divisible by 64 run on the tensor cores at every R (gemv_mma.cu), and
-          // so do affine 8-bit ones of the streamed widths (gemv_stream.cu) up to kMaxRows rows.
-          const bool streamed_affine = f.format == WeightFormat::kAffine && f.bits == 8 &&
+          // so do affine 4-, 6- and 8-bit ones of the streamed widths (gemv_stream.cu) up to kMaxRows rows.
+          const bool streamed_affine = f.format == WeightFormat::kAffine &&
+                                       (f.bits == 4 || f.bits == 6 || f.bits == 8) &&
                                        (K == 512 || K == 1024 || K == 2048 || K == 4096);
           const bool mma = (f.format == WeightFormat::kBF16 && K % 64 == 0) || streamed_affine;
           const double tol = R <= cuda::kMaxRows && !mma ? 1e-5 : cudatest::kMmaTolerance;
@@ -117,16 +119,18 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
   }
 }
 
-// Products of the formats and widths the streamed kernels take (gemv_stream.cu: bf16 and affine 8-bit with
-// each group size and scale dtype), with enough weight rows that every SM streams several tiles and its ring
-// of stages wraps around: against a double-precision product of the weights, every row of an 8-row call
-// equal to its one-row call, and a stacked launch (matmuls, the last matrix ending inside a tile) bitwise
-// equal to one launch per matrix.
+// Products of the formats and widths the streamed kernels take (gemv_stream.cu: bf16, affine 8-bit with
+// each group size and scale dtype, 6- and 4-bit), with enough weight rows that every SM streams several tiles
+// and its ring of stages wraps around: against a double-precision product of the weights, every row of an
+// 8-row call equal to its one-row call, and a stacked launch (matmuls, the last matrix ending inside a tile)
+// bitwise equal to one launch per matrix.
 TEST_F(CudaOps, StreamedProductsRowExact) {
   const FormatCase formats[] = {{WeightFormat::kBF16},
                                 {WeightFormat::kAffine, 8, 64, DType::kBF16},
                                 {WeightFormat::kAffine, 8, 32, DType::kF16},
-                                {WeightFormat::kAffine, 8, 128, DType::kF32}};
+                                {WeightFormat::kAffine, 8, 128, DType::kF32},
+                                {WeightFormat::kAffine, 6, 64, DType::kBF16},
+                                {WeightFormat::kAffine, 4, 128, DType::kF32}};
   for (const FormatCase& fc : formats) {
     for (const int64_t K : {int64_t{512}, int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
       SCOPED_TRACE(fmt::format("{} K={}", describe(fc), K));
@@ -376,6 +380,7 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
     int64_t hidden, inter;
     FormatCase g, u, dn;
     FormatCase router = {WeightFormat::kBF16};  // and the shared-expert gate
+    std::optional<FormatCase> shared = {};      // the shared expert's own format (else the experts')
   };
   const std::vector<Case> cases = {
       {8, 2, 64, 32, {WeightFormat::kF32}, {WeightFormat::kF32}, {WeightFormat::kF32}},
@@ -387,7 +392,8 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
        {WeightFormat::kAffine, 4, 32},
        {WeightFormat::kAffine, 8, 32}},
       {64, 8, 256, 128, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
-      // The real model's widths: decode steps stream the experts (moe_stream.cu), bf16 or affine 8-bit.
+      // The real model's widths: decode steps stream the experts (moe_stream.cu), bf16 or affine 4-, 6- or
+      // 8-bit with an 8-bit router (the quantization recipes' rule).
       {64, 8, 2048, 512, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
       {64,
        8,
@@ -404,12 +410,39 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
        {WeightFormat::kAffine, 8, 32, DType::kF16},
        {WeightFormat::kAffine, 8, 32, DType::kF16},
        {WeightFormat::kAffine, 8, 32, DType::kF16},
-       {WeightFormat::kAffine, 8, 32, DType::kF16}}};
+       {WeightFormat::kAffine, 8, 32, DType::kF16}},
+      {64,
+       8,
+       2048,
+       512,
+       {WeightFormat::kAffine, 6, 64},
+       {WeightFormat::kAffine, 6, 64},
+       {WeightFormat::kAffine, 6, 64},
+       {WeightFormat::kAffine, 8, 64}},
+      // The oq6e recipe: routed experts 6-bit, the shared expert 8-bit.
+      {64,
+       8,
+       2048,
+       512,
+       {WeightFormat::kAffine, 6, 64},
+       {WeightFormat::kAffine, 6, 64},
+       {WeightFormat::kAffine, 6, 64},
+       {WeightFormat::kAffine, 8, 64},
+       FormatCase{WeightFormat::kAffine, 8, 64}},
+      {32,
+       4,
+       1024,
+       512,
+       {WeightFormat::kAffine, 4, 32, DType::kF16},
+       {WeightFormat::kAffine, 4, 32, DType::kF16},
+       {WeightFormat::kAffine, 4, 32, DType::kF16},
+       {WeightFormat::kAffine, 8, 64}}};
   for (const Case& c : cases) {
     if (cudatest::small() && &c != &cases.front()) break;
     SCOPED_TRACE(fmt::format("E={} k={} {}", c.experts, c.top_k, describe(c.g)));
-    MoeFixture f = make_moe(rng_, c.experts, c.hidden, c.inter, c.g, c.u, c.dn, 0, {WeightFormat::kBF16},
-                            false, c.router);
+    MoeFixture f =
+        make_moe(rng_, c.experts, c.hidden, c.inter, c.g, c.u, c.dn, 0,
+                 c.shared.value_or(FormatCase{WeightFormat::kBF16}), c.shared.has_value(), c.router);
     const MoeSpec spec{.num_experts_per_tok = c.top_k, .norm_topk_prob = true};
     const MoeId mc = cpu_->bind_moe(f.w, spec).value(), mg = gpu_->bind_moe(f.w, spec).value();
     for (int R : cudatest::small() ? std::vector<int>{1, 8, 11} : std::vector<int>{1, 2, 5, 8, 11, 70}) {

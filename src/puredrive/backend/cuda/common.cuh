@@ -502,15 +502,25 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
-// Asks L2 for the bytes of weight row n (one 128-byte line per lane step): issued before pdl_wait(), so the
-// first loads of a matrix-vector kernel overlap the previous kernel's tail.
+__device__ __forceinline__ void prefetch_bytes_l2(const void* p, int64_t bytes, int lane) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = static_cast<int64_t>(lane) * 128; off < bytes; off += 32 * 128) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c + off));
+  }
+}
+
+// Asks L2 for the bytes of weight row n (one 128-byte line per lane step), and an affine row's scales and
+// biases: issued before pdl_wait(), so the first loads of a matrix-vector kernel overlap the previous
+// kernel's tail. (Without the scales and biases, the 8-bit router's products waited on DRAM for them.)
 __device__ __forceinline__ void prefetch_row_l2(const DevMatrix& m, const void* data, int64_t n, int lane) {
   const int64_t row_bytes = m.fmt == WFmt::kF32      ? m.cols * 4
                             : m.fmt == WFmt::kAffine ? m.cols * m.bits / 8
                                                      : m.cols * 2;
-  const char* row = static_cast<const char*>(data) + n * row_bytes;
-  for (int64_t off = static_cast<int64_t>(lane) * 128; off < row_bytes; off += 32 * 128) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + off));
+  prefetch_bytes_l2(static_cast<const char*>(data) + n * row_bytes, row_bytes, lane);
+  if (m.fmt == WFmt::kAffine) {
+    const int64_t meta = m.cols / m.group_size * (m.scale_dtype == SDType::kF32 ? 4 : 2);
+    prefetch_bytes_l2(static_cast<const char*>(m.scales) + n * meta, meta, lane);
+    prefetch_bytes_l2(static_cast<const char*>(m.biases) + n * meta, meta, lane);
   }
 }
 

@@ -16,8 +16,8 @@
 // kernel. Per tile, each warp's 16 x 8 partial goes to shared memory and the 16 partials of an output are
 // summed in warp order.
 //
-// Affine 8-bit matrices (MLX, groups of 32-128 columns) take the same stream, one stage per tile of whole
-// rows, their codes multiplied as stored by the integer tensor cores (stream_affine.cuh).
+// Affine 4-, 6- and 8-bit matrices (MLX, groups of 32-128 columns) take the same stream, one stage per tile
+// of whole rows, their codes multiplied by the integer tensor cores (stream_affine.cuh).
 //
 // Row-exact: an output depends only on its weight row and its activation row (mma_bf16; for affine weights
 // also the activation row's fixed-point scale, which depends on that row alone); the order of its sum
@@ -118,11 +118,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Affine 8-bit matrices (stream_affine.cuh): the same tiles, one stage per tile.
-template <int KB, int PPS, bool VEC>
+// Affine matrices (stream_affine.cuh): the same tiles, one stage per tile.
+template <int KB, int BITS, int PPS, bool VEC>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_affine_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
-  using S = AffineShape<KB>;
+  using S = AffineShape<KB, BITS>;
   PD_TRACE_SCOPE(kGemvStreamAffine, rows);
   extern __shared__ __align__(128) uint8_t smem[];
   const Ring<S> ring(smem);
@@ -142,12 +142,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t n0 = tile_rows(t, tile_begin + f, &i);
       const DevMatrix& m = t.m[i];
       const int valid = static_cast<int>(m.rows - n0 < kTile ? m.rows - n0 : kTile);  // rows past the end
-      ring.begin_fill(f, lane, kTile * S::kCols + 2 * valid * meta.row_bytes);        // repeat the last
+      ring.begin_fill(f, lane, kTile * S::kCodeBytes + 2 * valid * meta.row_bytes);   // repeat the last
       if (lane < kTile) {
         const int64_t n = lane < valid ? n0 + lane : m.rows - 1;
-        ring.copy(f, lane * S::kRowBytes, static_cast<const uint8_t*>(m.data) + n * S::kCols, S::kCols);
+        ring.copy(f, lane * S::kRowBytes, static_cast<const uint8_t*>(m.data) + n * S::kCodeBytes,
+                  S::kCodeBytes);
       }
-      copy_meta(ring, f, lane, kTile, m.scales, m.biases, meta.row_bytes, n0, 0, valid);
+      copy_meta<S>(ring, f, lane, kTile, m.scales, m.biases, meta.row_bytes, n0, 0, valid);
     }
     return;
   }
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int f = 0; f < count; ++f) {
     float acc[4] = {};
     ring.wait_full(f);
-    affine_product(ring.stage(f), warp, lane, meta, ax, acc);
+    affine_product<S, PPS>(ring.stage(f), warp, lane, meta, ax, acc);
     ring.release(f, lane);
     publish(ring.part, buf, warp, lane, acc);
     store_tile(t, ring.part, buf, tile_begin + f, &i, rows);
@@ -186,10 +187,13 @@ void launch_stream_kernel(const MmaTargets& t, const float* x, int64_t xs, int r
 template <int KB, bool VEC>
 void launch_shape(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   if (t.m[0].fmt == WFmt::kAffine) {
-    using S = AffineShape<KB>;
-    with_pieces<S>(t.m[0].group_size, [&](auto pps) {
-      launch_stream_kernel<S, gemv_stream_affine_kernel<KB, decltype(pps)::value, VEC>>(t, x, xs, rows,
-                                                                                        stream);
+    with_stream_bits(t.m[0].bits, [&](auto bits) {
+      constexpr int kBits = decltype(bits)::value;
+      using S = AffineShape<KB, kBits>;
+      with_pieces<S>(t.m[0].group_size, [&](auto pps) {
+        launch_stream_kernel<S, gemv_stream_affine_kernel<KB, kBits, decltype(pps)::value, VEC>>(
+            t, x, xs, rows, stream);
+      });
     });
     return;
   }

@@ -1,6 +1,6 @@
 // The experts of a decode MoE block (1..kMaxRows rows) on the weight stream of stream_ring.cuh, for bf16 or
-// affine 8-bit experts (Bf16Tiles, AffineTiles: how a tile is copied and multiplied): the router + gate/up
-// kernel and the down + combine kernel.
+// affine 4-, 6- or 8-bit experts (Bf16Tiles, AffineTiles: how a tile is copied and multiplied): the router +
+// gate/up kernel and the down + combine kernel.
 //
 // Why: the CUDA-core expert kernels reach 1.6-2.5 TB/s; an expert's 2-4 MB are too few bytes for warps
 // that wait on their own loads, and a verify step's rows cost them per-row work. Here each SM's producer
@@ -43,8 +43,10 @@ namespace {
 
 using namespace stream;
 
-constexpr int kStreamTopK = 16;                    // experts per row the slot table holds
-constexpr int kMaxSlots = kMaxRows * kStreamTopK;  // used experts of one step
+constexpr int kStreamTopK = 16;
+// The one pair of code widths taken for routed and shared experts that differ (the oq6e recipe).
+constexpr int kMixedRoutedBits = 6, kMixedSharedBits = 8;  // experts per row the slot table holds
+constexpr int kMaxSlots = kMaxRows * kStreamTopK;          // used experts of one step
 
 // The slot of expert used[u] in row r's selection (-1: not selected) and its weight, for every used expert
 // and row: built once per block by the consumer warps.
@@ -101,8 +103,8 @@ __device__ void grid_barrier(int* bar) {
 
 // The consumer warps of every block: router outputs (warp w of block b computes output b + G w), the grid
 // barrier, then the block's own routing of every row into *rt. Block 0 also writes the route for the down
-// kernel. RF: the router's format, bf16 or affine 8-bit (the experts'); its activation loads are scalar, so
-// the kernel needs no variant for unaligned rows.
+// kernel. RF: the router's format, the experts' (affine routers are 8-bit); its activation loads are scalar,
+// so the kernel needs no variant for unaligned rows.
 template <int RF>
 __device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
   const MoeLaunch& m = a.m;
@@ -183,8 +185,8 @@ struct Half {
 };
 
 // How a kernel's tiles are copied and multiplied, per weight format. Raw: a lane's activations of one row
-// as loaded; X: what the products take (load_raw + make); fill: the producer's copies of one tile; consume:
-// acc += the tile x X.
+// as loaded; X: what the products take (load_raw + make); fill: the producer's copies of one tile (of the
+// shared expert or not); consume: acc += the tile x X.
 template <int KB>
 struct Bf16Tiles {
   using S = Shape<KB>;
@@ -219,7 +221,7 @@ struct Bf16Tiles {
       for (int h = 0; h < S::kBlocks32; ++h) split_fragment(v[c][h], x.frag[c][h]);
     }
   }
-  __device__ void fill(const Ring<S>& ring, int* f, int lane, const Half& h0, const Half& h1) const {
+  __device__ void fill(const Ring<S>& ring, int* f, int lane, bool, const Half& h0, const Half& h1) const {
     const Half& h = lane < 8 ? h0 : h1;
     const uint16_t* row = reinterpret_cast<const uint16_t*>(expert_bytes(h.m->data, h.m->data_stride, h.e)) +
                           (h.n0 + (lane & 7)) * S::kCols;
@@ -228,16 +230,21 @@ struct Bf16Tiles {
       if (lane < kTile) ring.copy_row(*f, lane, row + c * S::kChunk);
     }
   }
-  __device__ void consume(const Ring<S>& ring, int* f, int warp, int lane, const X& x, float acc[4]) const {
+  __device__ void consume(const Ring<S>& ring, int* f, bool, int warp, int lane, const X& x,
+                          float acc[4]) const {
     consume_tile(ring, f, column_bytes<S>(warp, lane & 3), lane >> 2, lane, x.frag, acc);
   }
 };
 
-// Affine 8-bit (stream_affine.cuh): one stage per tile, each half's scales and biases one copy each.
-template <int KB, int PPS>
+// Affine (stream_affine.cuh): one stage per tile, each half's scales and biases one copy each. The routed
+// experts' codes have BITS bits, the shared expert's SHARED_BITS (the oq6e recipe: 6 and 8), with the same
+// group size and scale dtype; a stage has room for the wider.
+template <int KB, int BITS, int PPS, int SHARED_BITS = BITS>
 struct AffineTiles {
-  using S = AffineShape<KB>;
-  static constexpr int kRouterFmt = static_cast<int>(WFmt::kAffine);  // 8-bit
+  using SR = AffineShape<KB, BITS>;
+  using SS = AffineShape<KB, SHARED_BITS>;
+  using S = AffineShape<KB, (BITS > SHARED_BITS ? BITS : SHARED_BITS)>;
+  static constexpr int kRouterFmt = static_cast<int>(WFmt::kAffine);  // 8-bit, whatever the experts' width
   using Raw = float[S::kBlocks][8];
   using X = AffineX<S, PPS>;
   AffineMeta meta;
@@ -252,23 +259,38 @@ struct AffineTiles {
     }
   }
   __device__ static void make(const Raw& v, int q, X& x) { x.make(v, q); }
-  __device__ void fill(const Ring<S>& ring, int* f, int lane, const Half& h0, const Half& h1) const {
-    ring.begin_fill(*f, lane, kTile * S::kCols + 4 * 8 * meta.row_bytes);
+  template <typename T>
+  __device__ void fill_as(const Ring<S>& ring, int f, int lane, const Half& h0, const Half& h1) const {
+    ring.begin_fill(f, lane, kTile * T::kCodeBytes + 4 * 8 * meta.row_bytes);
     const Half& h = lane < 8 ? h0 : h1;
     if (lane < kTile) {
-      ring.copy(*f, lane * S::kRowBytes,
-                expert_bytes(h.m->data, h.m->data_stride, h.e) + (h.n0 + (lane & 7)) * S::kCols, S::kCols);
+      ring.copy(f, lane * T::kRowBytes,
+                expert_bytes(h.m->data, h.m->data_stride, h.e) + (h.n0 + (lane & 7)) * T::kCodeBytes,
+                T::kCodeBytes);
     }
     for (int i = 0; i < 2; ++i) {
       const Half& hm = i == 0 ? h0 : h1;
-      copy_meta(ring, *f, lane, kTile + 2 * i, expert_bytes(hm.m->scales, hm.m->scale_stride, hm.e),
-                expert_bytes(hm.m->biases, hm.m->scale_stride, hm.e), meta.row_bytes, hm.n0, 8 * i, 8);
+      copy_meta<T>(ring, f, lane, kTile + 2 * i, expert_bytes(hm.m->scales, hm.m->scale_stride, hm.e),
+                   expert_bytes(hm.m->biases, hm.m->scale_stride, hm.e), meta.row_bytes, hm.n0, 8 * i, 8);
+    }
+  }
+  __device__ void fill(const Ring<S>& ring, int* f, int lane, bool shared, const Half& h0,
+                       const Half& h1) const {
+    if (BITS != SHARED_BITS && shared) {
+      fill_as<SS>(ring, *f, lane, h0, h1);
+    } else {
+      fill_as<SR>(ring, *f, lane, h0, h1);
     }
     ++*f;
   }
-  __device__ void consume(const Ring<S>& ring, int* f, int warp, int lane, const X& x, float acc[4]) const {
+  __device__ void consume(const Ring<S>& ring, int* f, bool shared, int warp, int lane, const X& x,
+                          float acc[4]) const {
     ring.wait_full(*f);
-    affine_product(ring.stage(*f), warp, lane, meta, x, acc);
+    if (BITS != SHARED_BITS && shared) {
+      affine_product<SS, PPS>(ring.stage(*f), warp, lane, meta, x, acc);
+    } else {
+      affine_product<SR, PPS>(ring.stage(*f), warp, lane, meta, x, acc);
+    }
     ring.release(*f, lane);
     ++*f;
   }
@@ -314,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
       const UpTile tile = up_tile(t, shared_tiles, tiles);
       const bool shared = tile.u < 0;
       const int e = shared ? 0 : route.used[tile.u];
-      tiles_of.fill(ring, &f, lane, Half{shared ? &m.sh_gate : &m.gate, e, tile.n0},
+      tiles_of.fill(ring, &f, lane, shared, Half{shared ? &m.sh_gate : &m.gate, e, tile.n0},
                     Half{shared ? &m.sh_up : &m.up, e, tile.n0});
     };
     int64_t t = blockIdx.x;
@@ -326,7 +348,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   }
 
   const int64_t router_row = blockIdx.x + G * warp;
-  if (router_row < m.experts) prefetch_row_l2(m.router, m.router.data, router_row, lane);
+  if (router_row <= m.experts) {
+    const DevMatrix& w = router_row < m.experts ? m.router : m.shared_gate;
+    prefetch_row_l2(w, w.data, router_row < m.experts ? router_row : 0, lane);
+  }
   if (a.warm_route != 0 && warp == kConsumers - 1) warm_route_code(m);
   pdl_wait();
   PD_TRACE_STAMP(0);
@@ -353,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   int buf = 0;
   for (int64_t t = blockIdx.x; t < total; t += G) {
     float acc[4] = {};
-    tiles_of.consume(ring, &f, warp, lane, x, acc);
+    tiles_of.consume(ring, &f, t < shared_tiles, warp, lane, x, acc);
     publish(ring.part, buf, warp, lane, acc);
     if (threadIdx.x < 64) {
       const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
@@ -409,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto fill = [&](int nt, int j) {
       const DevMatrix* w = j == 0 ? &m.sh_down : &m.down;
       const int e = j == 0 ? 0 : a.used[j - 1];
-      tiles_of.fill(ring, &f, lane, Half{w, e, static_cast<int64_t>(nt) * kTile},
+      tiles_of.fill(ring, &f, lane, j == 0, Half{w, e, static_cast<int64_t>(nt) * kTile},
                     Half{w, e, static_cast<int64_t>(nt) * kTile + 8});
     };
     fill(static_cast<int>(blockIdx.x), 0);  // the shared expert's rows, before the route is known
@@ -439,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       W::make(v, q, x);
       if (j < count) W::load_raw(act_row(a, table, j + 1, g), true, warp, q, v);  // in flight during this one
       float part[4] = {};
-      tiles_of.consume(ring, &f, warp, lane, x, part);
+      tiles_of.consume(ring, &f, j == 0, warp, lane, x, part);
       publish(ring.part, buf, warp, lane, part);
       if (owner) {
         const float y = tile_output(ring.part, buf, off, r);
@@ -487,18 +512,34 @@ void launch_up_kb(const MoeStreamArgs& a, cudaStream_t stream) {
     launch_up<Bf16Tiles<KB>>(a, stream);
     return;
   }
-  with_pieces<AffineShape<KB>>(
-      a.m.gate.group_size, [&](auto pps) { launch_up<AffineTiles<KB, decltype(pps)::value>>(a, stream); });
+  with_stream_bits(a.m.gate.bits, [&](auto bits) {
+    constexpr int kBits = decltype(bits)::value;
+    with_pieces<AffineShape<KB, kBits>>(a.m.gate.group_size, [&](auto pps) {
+      constexpr int kPieces = decltype(pps)::value;
+      if constexpr (kBits == kMixedRoutedBits) {
+        if (a.m.sh_gate.bits == kMixedSharedBits) {
+          launch_up<AffineTiles<KB, kBits, kPieces, kMixedSharedBits>>(a, stream);
+          return;
+        }
+      }
+      launch_up<AffineTiles<KB, kBits, kPieces>>(a, stream);
+    });
+  });
 }
 
-// Every expert matrix in one format the stream takes (bf16, or affine 8-bit of one group size and scale
-// dtype with stream_affine.cuh's layout), 16-byte aligned experts.
+// Every expert matrix in one format the stream takes (bf16, or affine of one group size and scale dtype with
+// stream_affine.cuh's layout, the routed experts of one width and the shared expert of the same or, as in the
+// oq6e recipe, 8 bits against 6), 16-byte aligned experts.
 bool stream_format(const MoeLaunch& m) {
+  const bool widths = m.sh_gate.bits == m.gate.bits ||
+                      (m.gate.bits == kMixedRoutedBits && m.sh_gate.bits == kMixedSharedBits);
+  if (m.gate.fmt == WFmt::kAffine && !widths) return false;
   const DevMatrix* all[] = {&m.gate, &m.up, &m.down, &m.sh_gate, &m.sh_up, &m.sh_down};
   for (const DevMatrix* w : all) {
+    const int bits = w == &m.sh_gate || w == &m.sh_up || w == &m.sh_down ? m.sh_gate.bits : m.gate.bits;
     const bool same = w->fmt == m.gate.fmt &&
-                      (w->fmt != WFmt::kAffine ||
-                       (w->group_size == m.gate.group_size && w->scale_dtype == m.gate.scale_dtype));
+                      (w->fmt != WFmt::kAffine || (w->bits == bits && w->group_size == m.gate.group_size &&
+                                                   w->scale_dtype == m.gate.scale_dtype));
     const bool format = w->fmt == WFmt::kBF16 || affine_stream_layout(*w);
     const bool aligned = reinterpret_cast<uintptr_t>(w->data) % 16 == 0 && w->data_stride % 16 == 0 &&
                          (w->fmt != WFmt::kAffine || w->scale_stride % 16 == 0);
@@ -512,12 +553,13 @@ bool stream_format(const MoeLaunch& m) {
 bool moe_stream_supported(const MoeLaunch& m) {
   static const bool enabled = env_switch_on("PD_MOE_STREAM");
   const int64_t H = m.hidden, I = m.inter;
-  // The router in the experts' format (the kernels' RF): bf16, or affine 8-bit of any group size.
+  // The router in the experts' format (the kernels' RF): bf16, or affine 8-bit of any group size (whatever
+  // the experts' width: the quantization recipes keep routers at 8 bits).
   const bool router = m.router.fmt == m.gate.fmt && (m.router.fmt != WFmt::kAffine || m.router.bits == 8);
-  return enabled && m.router_gate_fused && router && !m.shared_format_differs && m.top_k <= kStreamTopK &&
-         m.shared_inter == I && (H == 512 || H == 1024 || H == 2048 || H == 4096) && I == 512 &&
-         stream_format(m) && m.gate.cols == H && m.up.cols == H && m.sh_gate.cols == H && m.sh_up.cols == H &&
-         m.down.cols == I && m.sh_down.cols == I;
+  return enabled && m.router_gate_fused && router && m.top_k <= kStreamTopK && m.shared_inter == I &&
+         (H == 512 || H == 1024 || H == 2048 || H == 4096) && I == 512 && stream_format(m) &&
+         m.gate.cols == H && m.up.cols == H && m.sh_gate.cols == H && m.sh_up.cols == H && m.down.cols == I &&
+         m.sh_down.cols == I;
 }
 
 void launch_moe_stream_up(const MoeStreamArgs& a, cudaStream_t stream) {
@@ -541,7 +583,16 @@ void launch_moe_stream_down(const MoeStreamArgs& a, cudaStream_t stream) {
   if (a.m.down.fmt == WFmt::kBF16) {
     launch_down<Bf16Tiles<1>>(a, stream);
   } else {
-    launch_down<AffineTiles<1, 1>>(a, stream);
+    with_stream_bits(a.m.down.bits, [&](auto bits) {
+      constexpr int kBits = decltype(bits)::value;
+      if constexpr (kBits == kMixedRoutedBits) {
+        if (a.m.sh_down.bits == kMixedSharedBits) {
+          launch_down<AffineTiles<1, kBits, 1, kMixedSharedBits>>(a, stream);
+          return;
+        }
+      }
+      launch_down<AffineTiles<1, kBits, 1>>(a, stream);
+    });
   }
 }
 

@@ -1,22 +1,26 @@
-// Affine 8-bit weights on the weight stream (stream_ring.cuh), shared by gemv_stream.cu and moe_stream.cu.
+// Affine 4-, 6- and 8-bit weights on the weight stream (stream_ring.cuh), shared by gemv_stream.cu and
+// moe_stream.cu.
 //
-// The codes enter the tensor cores as they are stored: mma m16n8k32 with the codes as the unsigned 8-bit A
-// operand and the activations as B in 8-bit pieces of a 24-bit fixed-point form. Per warp slice and
+// The codes enter the tensor cores as their values: mma m16n8k32 with the codes as the unsigned 8-bit A
+// operand (8-bit codes as stored, 4- and 6-bit codes spread to one byte each as they are read from the
+// stage) and the activations as B in 8-bit pieces of a 24-bit fixed-point form. Per warp slice and
 // activation row, x_int = round(x * 2^sh) with sh fixed by the largest |x| of that slice and row (22 bits
 // below it), split x_int = p2 * 2^16 + p1 * 2^8 + p0 (p0, p1 unsigned, p2 signed); three integer products
-// per 32 columns give sum(q * x_int) exactly. Per group piece, sum((q - 128) x_int) is formed exactly in
-// 64 bits, converted to f32 once and scaled by 2^-sh (exact), and y = s * sum((q - 128) x) +
-// (b + 128 s) * sum(x): centred, the two terms do not cancel. The bf16 form of the same product (codes
-// converted to bf16 in registers, activations hi + lo) made the conversion the dense kernel's busiest pipe
-// (ALU 33%, ncu on the H200); the integer form has none: the 8-bit dense products 14.6 -> 13.8 us on average.
-// Integer sums are also exact, so their order cannot change a result.
+// per 32 columns give sum(q * x_int) exactly. Per group piece, sum((q - o) x_int) is formed exactly in
+// 64 bits, converted to f32 once and scaled by 2^-sh (exact), and y = s * sum((q - o) x) +
+// (b + o s) * sum(x) with o = 2^(bits - 1): centred, the two terms do not cancel. The bf16 form of the same
+// product (codes converted to bf16 in registers, activations hi + lo) made the conversion the dense kernel's
+// busiest pipe (ALU 33%, ncu on the H200); the integer form has none: the 8-bit dense products 14.6 -> 13.8
+// us on average. Integer sums are also exact, so their order cannot change a result.
 //
 // Lane (g, q) holds, for k block j of 32 columns of its warp's slice, columns 32 j + 8 q .. + 7 of weight
-// rows g and g + 8 (8 bytes of codes each: the mma's k slots 4 q .. 4 q + 3 and 16 + 4 q .. + 3) and of
-// activation row g. A group (32, 64 or 128 columns) is whole k blocks or whole slices.
+// rows g and g + 8 (8 codes each, stored in `bits` bytes: the mma's k slots 4 q .. 4 q + 3 and
+// 16 + 4 q .. + 3) and of activation row g. A group (32, 64 or 128 columns) is whole k blocks or whole
+// slices.
 //
-// A stage is one tile of whole rows: 16 rows of codes (rows 32 bytes apart modulo 128, so that each half
-// warp's 8-byte code loads, rows g and columns 8 q, hit 32 banks), then the 16 rows' scales and their biases
+// A stage is one tile of whole rows: 16 rows of codes (8-bit rows 32 bytes apart modulo 128, so that each
+// half warp's 8-byte code loads, rows g and columns 8 q, hit 32 banks; 4-bit rows 16 apart for 4-byte loads;
+// 6-bit rows 32 apart, where rows g and g + 4 share banks), then the 16 rows' scales and their biases
 // as blocks of 8 rows each (one bulk copy each: the checkpoint stores consecutive rows' scales
 // contiguously). Three copies of a few hundred bytes per row instead of one of kilobytes ran the 8-bit
 // decode slower than the CUDA-core kernels (H200).
@@ -26,12 +30,14 @@
 
 namespace pd::cuda::stream {
 
-template <int KB>
+template <int KB, int BITS>
 struct AffineShape {
+  static constexpr int kBits = BITS;
   static constexpr int kCols = 512 * KB;
-  static constexpr int kSlice = kCols / kConsumers;  // columns per consumer warp: 32 - 256
-  static constexpr int kBlocks = kSlice / 32;        // k blocks (mma steps) per warp and tile
-  static constexpr int kRowBytes = kCols + 32;
+  static constexpr int kSlice = kCols / kConsumers;    // columns per consumer warp: 32 - 256
+  static constexpr int kBlocks = kSlice / 32;          // k blocks (mma steps) per warp and tile
+  static constexpr int kCodeBytes = kCols * BITS / 8;  // a row's codes: a multiple of 16 bytes
+  static constexpr int kRowBytes = kCodeBytes + (BITS == 4 ? 16 : 32);
   static constexpr int kMetaBytes = kTile * (kCols / 32) * 2;  // room for 2-byte scales of groups >= 32
   static constexpr int kScales = kTile * kRowBytes;            // stage offsets of the scales and biases
   static constexpr int kBiases = kScales + kMetaBytes;
@@ -45,10 +51,11 @@ __host__ __device__ inline int meta_row_bytes(const DevMatrix& m) {
   return static_cast<int>(m.cols / m.group_size) * (m.scale_dtype == SDType::kF32 ? 4 : 2);
 }
 
-// Whether m's scales fit AffineShape's room and copy in 16-byte pieces (any number of rows).
+// Whether m's codes have a streamed width (4, 6 or 8 bits) and its scales fit AffineShape's room and copy in
+// 16-byte pieces (any number of rows).
 inline bool affine_stream_layout(const DevMatrix& m) {
   const int mrb = meta_row_bytes(m);
-  return m.fmt == WFmt::kAffine && m.bits == 8 &&
+  return m.fmt == WFmt::kAffine && (m.bits == 4 || m.bits == 6 || m.bits == 8) &&
          (m.group_size == 32 || m.group_size == 64 || m.group_size == 128) && mrb % 16 == 0 &&
          static_cast<int64_t>(mrb) * 16 <= m.cols && reinterpret_cast<uintptr_t>(m.scales) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(m.biases) % 16 == 0;
@@ -157,22 +164,48 @@ struct AffineX {
   }
 };
 
+// Four 6-bit codes (the low 24 bits of v) spread to one byte each.
+__device__ __forceinline__ uint32_t spread6(uint32_t v) {
+  return (v & 0x3fu) | ((v << 2) & 0x3f00u) | ((v << 4) & 0x3f0000u) | ((v << 6) & 0x3f000000u);
+}
+
+// The eight codes of chunk c (columns 8 c .. 8 c + 7) of a staged row, one byte each: codes 0-3 and 4-7.
+// The row's bit stream holds them LSB first from byte c * BITS (MLX's packing).
+template <int BITS>
+__device__ __forceinline__ uint2 staged_codes(const uint8_t* row, int c) {
+  if constexpr (BITS == 8) {
+    return *reinterpret_cast<const uint2*>(row + 8 * c);
+  } else if constexpr (BITS == 4) {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(row + 4 * c);
+    const uint32_t even = w & 0x0f0f0f0fu, odd = (w >> 4) & 0x0f0f0f0fu;  // codes 0, 2, 4, 6 and 1, 3, 5, 7
+    return make_uint2(__byte_perm(even, odd, 0x5140), __byte_perm(even, odd, 0x7362));
+  } else {
+    static_assert(BITS == 6, "4-, 6- and 8-bit codes");
+    // 6 bytes from 6 c: two aligned words hold them (c odd: 2 bytes into the first).
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(row + 6 * c - 2 * (c & 1));
+    const uint64_t v = ((static_cast<uint64_t>(w[1]) << 32) | w[0]) >> (16 * (c & 1));
+    return make_uint2(spread6(static_cast<uint32_t>(v)), spread6(static_cast<uint32_t>(v >> 24)));
+  }
+}
+
 // acc += the staged tile x this warp's slice of the activations: per group piece, the exact integer
 // products, then scale and bias of rows g and g + 8.
-template <typename S, int PPS>
+// X: AffineX of S's width (of any code width).
+template <typename S, int PPS, typename X>
 __device__ __forceinline__ void affine_product(const uint8_t* st, int warp, int lane, const AffineMeta& meta,
-                                               const AffineX<S, PPS>& x, float acc[4]) {
-  constexpr int kPieceBlocks = AffineX<S, PPS>::kPieceBlocks;
+                                               const X& x, float acc[4]) {
+  constexpr int kPieceBlocks = X::kPieceBlocks;
+  constexpr int kOffset = 1 << (S::kBits - 1);
   const int g = lane >> 2, q = lane & 3;
-  const int col = warp * S::kSlice + 8 * q;  // byte offset of the lane's codes in a staged row
+  const int chunk = (warp * S::kSlice) / 8 + q;  // the lane's first 8 codes in a staged row
   const uint8_t* rg = st + g * S::kRowBytes;
   const uint8_t* r8 = st + (g + 8) * S::kRowBytes;
   const int sb = meta.dtype == SDType::kF32 ? 4 : 2;
   int d[3][4] = {};
 #pragma unroll
   for (int j = 0; j < S::kBlocks; ++j) {
-    const uint2 wg = *reinterpret_cast<const uint2*>(rg + col + 32 * j);
-    const uint2 w8 = *reinterpret_cast<const uint2*>(r8 + col + 32 * j);
+    const uint2 wg = staged_codes<S::kBits>(rg, chunk + 4 * j);
+    const uint2 w8 = staged_codes<S::kBits>(r8, chunk + 4 * j);
     const uint32_t a[4] = {wg.x, w8.x, wg.y, w8.y};
     imma<true>(d[0], a, x.frag[j][0][0], x.frag[j][0][1]);
     imma<true>(d[1], a, x.frag[j][1][0], x.frag[j][1][1]);
@@ -183,12 +216,12 @@ __device__ __forceinline__ void affine_product(const uint8_t* st, int warp, int 
       const uint8_t* sg = st + S::kScales + g * meta.row_bytes + gi * sb;
       const uint8_t* s8 = sg + 8 * meta.row_bytes;
       const float scale[2] = {meta_at(sg, meta.dtype), meta_at(s8, meta.dtype)};
-      const float bias[2] = {meta_at(sg + S::kMetaBytes, meta.dtype) + 128.0f * scale[0],
-                             meta_at(s8 + S::kMetaBytes, meta.dtype) + 128.0f * scale[1]};
+      const float bias[2] = {meta_at(sg + S::kMetaBytes, meta.dtype) + kOffset * scale[0],
+                             meta_at(s8 + S::kMetaBytes, meta.dtype) + kOffset * scale[1]};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {  // weight row g + 8 (e >> 1), activation row 2 q + (e & 1)
         const int64_t sum = (static_cast<int64_t>(d[2][e]) << 16) + (static_cast<int64_t>(d[1][e]) << 8) +
-                            d[0][e] - 128 * static_cast<int64_t>(x.xsum[p][e & 1]);
+                            d[0][e] - kOffset * static_cast<int64_t>(x.xsum[p][e & 1]);
         const float centred = static_cast<float>(sum) * x.unscale[e & 1];
         const float xs = static_cast<float>(x.xsum[p][e & 1]) * x.unscale[e & 1];
         acc[e] = acc[e] + (scale[e >> 1] * centred + bias[e >> 1] * xs);
@@ -200,17 +233,34 @@ __device__ __forceinline__ void affine_product(const uint8_t* st, int warp, int 
 
 // Producer lanes 16-19: the scales and biases of rows [n0, n0 + count) of matrix m (data pointers already
 // offset to the expert) to block rows [r0, r0 + count) of fill f's stage; returns the bytes (lane-uniform).
-template <typename S>
+// T: the stage layout (an AffineShape), S: the ring's.
+template <typename T, typename S>
 __device__ __forceinline__ uint32_t copy_meta(const Ring<S>& ring, int f, int lane, int first_lane,
                                               const void* scales, const void* biases, int row_bytes,
                                               int64_t n0, int r0, int count) {
   const uint32_t bytes = static_cast<uint32_t>(count * row_bytes);
   if (lane == first_lane) {
-    ring.copy(f, S::kScales + r0 * row_bytes, static_cast<const uint8_t*>(scales) + n0 * row_bytes, bytes);
+    ring.copy(f, T::kScales + r0 * row_bytes, static_cast<const uint8_t*>(scales) + n0 * row_bytes, bytes);
   } else if (lane == first_lane + 1) {
-    ring.copy(f, S::kBiases + r0 * row_bytes, static_cast<const uint8_t*>(biases) + n0 * row_bytes, bytes);
+    ring.copy(f, T::kBiases + r0 * row_bytes, static_cast<const uint8_t*>(biases) + n0 * row_bytes, bytes);
   }
   return 2 * bytes;
+}
+
+// Calls f(std::integral_constant<int, BITS>{}) for a streamed code width (affine_stream_layout).
+template <typename F>
+void with_stream_bits(int bits, F&& f) {
+  switch (bits) {
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      return;
+    case 6:
+      f(std::integral_constant<int, 6>{});
+      return;
+    default:
+      f(std::integral_constant<int, 8>{});
+      return;
+  }
 }
 
 // The launch of an affine stream kernel for `pps` group pieces per warp slice: launch(kernel<PPS>) for PPS
