@@ -21,6 +21,9 @@ struct MmaTargets {
   // rms_norm(x) with this weight [cols] (16-byte aligned) and eps, bit for bit as rms_norm_kernel writes it.
   const float* norm = nullptr;
   float norm_eps = 0.0f;
+  // Affine streamed kernels: tiles multiplied between two exchanges of the warps' partials, 1 or
+  // kTilesPerSync (launch_gemv_stream sets it; PD_STREAM_PAIRS=0: 1).
+  int tiles_per_sync = 1;
 };
 
 // Whether launch_gemv routes m to the tensor-core kernels: bf16 weights whose width is a multiple of 64, or

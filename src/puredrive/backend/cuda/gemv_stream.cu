@@ -39,14 +39,15 @@ __device__ __forceinline__ int64_t tile_rows(const MmaTargets& t, int64_t tile, 
   return (tile - (*i == 0 ? 0 : t.tile_end[*i - 1])) * kTile;
 }
 
-// Threads < 128 store the outputs of tile `tile` (published in buffer buf) to its matrix; every consumer
-// thread advances *i.
-__device__ __forceinline__ void store_tile(const MmaTargets& t, const float4* part, int buf, int64_t tile,
-                                           int* i, int rows) {
+// Threads [128 team, 128 team + 128) store the outputs of tile `tile` (published in partial slot `slot`) to
+// its matrix; every consumer thread advances *i.
+__device__ __forceinline__ void store_tile(const MmaTargets& t, const float4* part, int slot, int64_t tile,
+                                           int* i, int rows, int team = 0) {
   const int64_t n0 = tile_rows(t, tile, i);
-  if (threadIdx.x < kTile * 8) {
-    const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
-    const float sum = tile_output(part, buf, off, r);
+  const int id = static_cast<int>(threadIdx.x) - team * kTile * 8;
+  if (id >= 0 && id < kTile * 8) {
+    const int off = id >> 3, r = id & 7;
+    const float sum = tile_output(part, slot, off, r);
     const DevMatrix& m = t.m[*i];
     if (r < rows && n0 + off < m.rows) {
       float* o = t.out[*i] + r * t.os[*i] + n0 + off;
@@ -163,15 +164,24 @@ __global__ void __launch_bounds__(kThreads, 1)
                                             t.norm == nullptr ? nullptr : t.norm + warp * S::kSlice, inv);
     ax.make(v, q);
   }
+  // t.tiles_per_sync tiles per exchange of the partials, tile k stored by thread team k.
+  const int per = t.tiles_per_sync;
   int buf = 0, i = 0;
-  for (int f = 0; f < count; ++f) {
-    float acc[4] = {};
-    ring.wait_full(f);
-    affine_product<S, PPS>(ring.stage(f), warp, lane, meta, ax, acc);
-    ring.release(f, lane);
-    publish(ring.part, buf, warp, lane, acc);
-    store_tile(t, ring.part, buf, tile_begin + f, &i, rows);
-    buf ^= 1;
+  for (int f0 = 0; f0 < count; f0 += per, buf ^= 1) {
+#pragma unroll
+    for (int k = 0; k < kTilesPerSync; ++k) {
+      if (k < per && f0 + k < count) {
+        float acc[4] = {};
+        ring.wait_full(f0 + k);
+        affine_product<S, PPS>(ring.stage(f0 + k), warp, lane, meta, ax, acc);
+        ring.release(f0 + k, lane);
+        stash(ring.part, buf * kTilesPerSync + k, warp, lane, acc);
+      }
+    }
+    consumers_sync();
+    for (int k = 0; k < per && f0 + k < count; ++k) {
+      store_tile(t, ring.part, buf * kTilesPerSync + k, tile_begin + f0 + k, &i, rows, k);
+    }
   }
 }
 
@@ -187,12 +197,15 @@ void launch_stream_kernel(const MmaTargets& t, const float* x, int64_t xs, int r
 template <int KB, bool VEC>
 void launch_shape(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   if (t.m[0].fmt == WFmt::kAffine) {
+    static const int per = env_switch_on("PD_STREAM_PAIRS") ? kTilesPerSync : 1;
+    MmaTargets tp = t;
+    tp.tiles_per_sync = per;
     with_stream_bits(t.m[0].bits, [&](auto bits) {
       constexpr int kBits = decltype(bits)::value;
       using S = AffineShape<KB, kBits>;
       with_pieces<S>(t.m[0].group_size, [&](auto pps) {
         launch_stream_kernel<S, gemv_stream_affine_kernel<KB, kBits, decltype(pps)::value, VEC>>(
-            t, x, xs, rows, stream);
+            tp, x, xs, rows, stream);
       });
     });
     return;

@@ -186,11 +186,13 @@ struct Half {
 
 // How a kernel's tiles are copied and multiplied, per weight format. Raw: a lane's activations of one row
 // as loaded; X: what the products take (load_raw + make); fill: the producer's copies of one tile (of the
-// shared expert or not); consume: acc += the tile x X.
+// shared expert or not); consume: acc += the tile x X; kTilesPerSync: tiles multiplied between two
+// exchanges of the warps' partials (stream_affine.cuh).
 template <int KB>
 struct Bf16Tiles {
   using S = Shape<KB>;
   static constexpr int kRouterFmt = static_cast<int>(WFmt::kBF16);
+  static constexpr int kTilesPerSync = 1;
   using Raw = float[S::kChunks][S::kBlocks32][8];
   struct X {
     uint32_t frag[S::kChunks][S::kBlocks32][8];
@@ -245,6 +247,7 @@ struct AffineTiles {
   using SS = AffineShape<KB, SHARED_BITS>;
   using S = AffineShape<KB, (BITS > SHARED_BITS ? BITS : SHARED_BITS)>;
   static constexpr int kRouterFmt = static_cast<int>(WFmt::kAffine);  // 8-bit, whatever the experts' width
+  static constexpr int kTilesPerSync = stream::kTilesPerSync;
   using Raw = float[S::kBlocks][8];
   using X = AffineX<S, PPS>;
   AffineMeta meta;
@@ -374,27 +377,54 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   }
   PD_TRACE_STAMP(7);
   const int64_t total = shared_tiles + static_cast<int64_t>(count) * tiles;
+  // act of tile t's 8 outputs for every row, from partial slot `slot`, by the 64 threads id.
+  auto finish = [&](int64_t t, int slot_of_tile, int id) {
+    const int off = id >> 3, r = id & 7;
+    const UpTile tile = up_tile(t, shared_tiles, tiles);
+    const float gs = tile_output(ring.part, slot_of_tile, off, r),
+                us = tile_output(ring.part, slot_of_tile, off + 8, r);
+    const float v = siluf_(gs) * us;
+    if (tile.u < 0) {
+      if (r < a.rows) a.sact[r * m.shared_inter + tile.n0 + off] = v;
+    } else {
+      const int slot = table.slot[tile.u][r];
+      if (slot >= 0) a.act[(static_cast<int64_t>(r) * m.top_k + slot) * m.inter + tile.n0 + off] = v;
+    }
+  };
   int f = 0;
   int buf = 0;
-  for (int64_t t = blockIdx.x; t < total; t += G) {
-    float acc[4] = {};
-    tiles_of.consume(ring, &f, t < shared_tiles, warp, lane, x, acc);
-    publish(ring.part, buf, warp, lane, acc);
-    if (threadIdx.x < 64) {
-      const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
-      const UpTile tile = up_tile(t, shared_tiles, tiles);
-      const float gs = tile_output(ring.part, buf, off, r), us = tile_output(ring.part, buf, off + 8, r);
-      const float v = siluf_(gs) * us;
-      if (tile.u < 0) {
-        if (r < a.rows) a.sact[r * m.shared_inter + tile.n0 + off] = v;
-      } else {
-        const int slot = table.slot[tile.u][r];
-        if (slot >= 0) a.act[(static_cast<int64_t>(r) * m.top_k + slot) * m.inter + tile.n0 + off] = v;
-      }
+  if constexpr (W::kTilesPerSync == 1) {
+    for (int64_t t = blockIdx.x; t < total; t += G) {
+      float acc[4] = {};
+      tiles_of.consume(ring, &f, t < shared_tiles, warp, lane, x, acc);
+      publish(ring.part, buf, warp, lane, acc);
+      if (threadIdx.x < 64) finish(t, buf, static_cast<int>(threadIdx.x));
+      buf ^= 1;
+      if (t == blockIdx.x) PD_TRACE_STAMP(8);
+      if (t == blockIdx.x + G) PD_TRACE_STAMP(9);
     }
-    buf ^= 1;
-    if (t == blockIdx.x) PD_TRACE_STAMP(8);
-    if (t == blockIdx.x + G) PD_TRACE_STAMP(9);
+  } else {
+    // a.tiles_per_sync (<= W::kTilesPerSync) tiles t0, t0 + G, ... per exchange of the partials, tile k
+    // finished by threads [64 k, 64 k + 64).
+    constexpr int kPer = W::kTilesPerSync;
+    const int per = a.tiles_per_sync;
+    for (int64_t t0 = blockIdx.x; t0 < total; t0 += per * G, buf ^= 1) {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int64_t t = t0 + k * G;
+        if (k < per && t < total) {
+          float acc[4] = {};
+          tiles_of.consume(ring, &f, t < shared_tiles, warp, lane, x, acc);
+          stash(ring.part, buf * kPer + k, warp, lane, acc);
+        }
+      }
+      consumers_sync();
+      const int k = static_cast<int>(threadIdx.x >> 6);
+      if (k < per && t0 + k * G < total)
+        finish(t0 + k * G, buf * kPer + k, static_cast<int>(threadIdx.x & 63));
+      if (t0 == blockIdx.x) PD_TRACE_STAMP(8);  // the first exchange
+      if (t0 == blockIdx.x + per * G) PD_TRACE_STAMP(9);
+    }
   }
   PD_TRACE_STAMP(10);
   for (int i = 1; i <= 4; ++i) PD_TRACE_ADOPT(i);
@@ -455,26 +485,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
   const bool owner = threadIdx.x < kTile * 8;  // of output (column tile row off, step row r)
   typename W::Raw v;
+  // a.tiles_per_sync (<= W::kTilesPerSync) experts per exchange of the partials, combined in ascending order.
+  constexpr int kPer = W::kTilesPerSync;
+  const int per = kPer == 1 ? 1 : a.tiles_per_sync;
   int f = 0, buf = 0;
   for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G) {
     float acc = 0.0f, ys = 0.0f;
     W::load_raw(act_row(a, table, 0, g), true, warp, q, v);
-    for (int j = 0; j <= count; ++j) {
-      typename W::X x;
-      W::make(v, q, x);
-      if (j < count) W::load_raw(act_row(a, table, j + 1, g), true, warp, q, v);  // in flight during this one
-      float part[4] = {};
-      tiles_of.consume(ring, &f, j == 0, warp, lane, x, part);
-      publish(ring.part, buf, warp, lane, part);
+    for (int j0 = 0; j0 <= count; j0 += per, buf ^= 1) {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int j = j0 + k;
+        if (k >= per || j > count) break;
+        typename W::X x;
+        W::make(v, q, x);
+        if (j < count)
+          W::load_raw(act_row(a, table, j + 1, g), true, warp, q, v);  // in flight during this one
+        float part[4] = {};
+        tiles_of.consume(ring, &f, j == 0, warp, lane, x, part);
+        stash(ring.part, buf * kPer + k, warp, lane, part);
+      }
+      consumers_sync();
       if (owner) {
-        const float y = tile_output(ring.part, buf, off, r);
-        if (j == 0) {
-          ys = y;
-        } else if (table.slot[j - 1][r] >= 0) {
-          acc = acc + y * table.wt[j - 1][r];
+        for (int k = 0; k < per && j0 + k <= count; ++k) {
+          const int j = j0 + k;
+          const float y = tile_output(ring.part, buf * kPer + k, off, r);
+          if (j == 0) {
+            ys = y;
+          } else if (table.slot[j - 1][r] >= 0) {
+            acc = acc + y * table.wt[j - 1][r];
+          }
         }
       }
-      buf ^= 1;
     }
     if (owner && r < a.rows) {
       const float out = acc + sigmoidf_(a.sg[r]) * ys;
@@ -487,7 +529,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename W>
 void launch_kernel(void (*kernel)(MoeStreamArgs), const MoeStreamArgs& a, int blocks, cudaStream_t stream) {
   PD_TRACE_ENSURE();
-  launch_pdl(kernel, dim3(blocks), dim3(kThreads), W::S::kSmemBytes, stream, a);
+  static const int per = env_switch_on("PD_STREAM_PAIRS") ? kTilesPerSync : 1;
+  MoeStreamArgs b = a;
+  b.tiles_per_sync = per;
+  launch_pdl(kernel, dim3(blocks), dim3(kThreads), W::S::kSmemBytes, stream, b);
 }
 
 template <typename W>

@@ -26,6 +26,7 @@ struct MoeStreamArgs {
   float* sact = nullptr;  // [kMaxRows][shared_inter]
   // Whether a spare warp runs the route's code on zero logits before pdl_wait (PD_WARM_ROUTE=0: not).
   int warm_route = 0;
+  int tiles_per_sync = 1;  // affine experts: 1 or kTilesPerSync (launch_moe_stream_*; PD_STREAM_PAIRS=0: 1)
 };
 
 // Whether the block takes this path: bf16 router, shared gate and experts, the shared expert of the routed

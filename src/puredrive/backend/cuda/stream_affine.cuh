@@ -30,6 +30,10 @@
 
 namespace pd::cuda::stream {
 
+// Tiles the consumer warps multiply between two exchanges of their partials: an affine tile is 16-32 KB,
+// where a bf16 one is 64 KB, and each exchange is a barrier of all consumer warps and a sum by 128 threads.
+constexpr int kTilesPerSync = 2;
+
 template <int KB, int BITS>
 struct AffineShape {
   static constexpr int kBits = BITS;
@@ -42,8 +46,12 @@ struct AffineShape {
   static constexpr int kScales = kTile * kRowBytes;            // stage offsets of the scales and biases
   static constexpr int kBiases = kScales + kMetaBytes;
   static constexpr int kStageBytes = kBiases + kMetaBytes;
-  static constexpr int kStages = 200 * 1024 / kStageBytes < 12 ? 200 * 1024 / kStageBytes : 12;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kConsumers * 32 * 16 + 2 * kStages * 8;
+  // The warps' partials: two buffers of a pair of tiles (kTilesPerSync), paid for by the ring.
+  static constexpr int kPartSlots = 2 * kTilesPerSync;
+  static constexpr int kRing = 200 * 1024 - (kPartSlots - 2) * kConsumers * 32 * 16;
+  static constexpr int kStages = kRing / kStageBytes < 12 ? kRing / kStageBytes : 12;
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kPartSlots * kConsumers * 32 * 16 + 2 * kStages * 8;
 };
 
 // Bytes of one row's scales (or biases).

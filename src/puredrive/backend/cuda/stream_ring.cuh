@@ -36,8 +36,10 @@ struct Shape {
   static constexpr int kCopyBytes = kChunk * 2;  // per row
   static constexpr int kFillBytes = kTile * kCopyBytes;
   static constexpr int kStages = stream::kStages;
-  // The ring, the warps' partials (two buffers) and the barriers.
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kConsumers * 32 * 16 + 2 * kStages * 8;
+  static constexpr int kPartSlots = 2;  // the warps' partials: two buffers of one tile
+  // The ring, the warps' partials and the barriers.
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kPartSlots * kConsumers * 32 * 16 + 2 * kStages * 8;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -81,14 +83,14 @@ __device__ __forceinline__ void consumers_sync() {
 template <typename S>
 struct Ring {
   uint8_t* stages;
-  float4* part;  // [2][kConsumers][32]
+  float4* part;  // [S::kPartSlots][kConsumers][32]
   uint64_t* full;
   uint64_t* empty;
 
   __device__ explicit Ring(uint8_t* smem)
       : stages(smem),
         part(reinterpret_cast<float4*>(smem + S::kStages * S::kStageBytes)),
-        full(reinterpret_cast<uint64_t*>(part + 2 * kConsumers * 32)),
+        full(reinterpret_cast<uint64_t*>(part + S::kPartSlots * kConsumers * 32)),
         empty(full + S::kStages) {}
 
   // Thread 0, then a block barrier.
@@ -210,9 +212,14 @@ __device__ __forceinline__ void consume_tile(const Ring<S>& ring, int* f, int co
   }
 }
 
+// Stores this warp's partials of a tile in partial slot `slot`.
+__device__ __forceinline__ void stash(float4* part, int slot, int warp, int lane, const float acc[4]) {
+  part[(slot * kConsumers + warp) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+}
+
 // Publishes this warp's partials of a tile (buffer buf) and waits for the other consumer warps.
 __device__ __forceinline__ void publish(float4* part, int buf, int warp, int lane, const float acc[4]) {
-  part[(buf * kConsumers + warp) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  stash(part, buf, warp, lane, acc);
   consumers_sync();
 }
 
