@@ -6,7 +6,7 @@
 #   run(command="bash bench/device/compare.sh", carry=["build/device-bundle.tar.xz", "build/base-bundle.tar.xz"])
 # Environment: PD_QUANTS (default "bf16 q8 q6"), PD_BASE_QUANTS (the formats the baseline is measured in
 # too, default PD_QUANTS), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2), PD_TOKENS (default 256),
-# PD_TESTS (test binaries), PD_TEST_S (seconds per test binary, default 200), PD_SKIP_TESTS=1,
+# PD_TESTS (test binaries), PD_TEST_S (seconds per test binary, default 300), PD_SKIP_TESTS=1,
 # PD_SKIP_CHECK=1, PD_CHECK_S (seconds per `check`, default 60), PD_NCU_QUANTS (candidate only, default
 # none) with PD_NCU_CONTEXTS (default 2k; --fill auto) and PD_NCU_ROWS (rows of the profiled step, default 1) and PD_NCU_DETAIL (kernel-name regex for
 # full ncu sections), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk), PD_CAND_LONG (contexts for one more candidate bf16 bench, --fill auto: synthetic
@@ -50,7 +50,7 @@ with() {  # bundle command...
 if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
   for t in ${PD_TESTS:-cuda_ops_tests cuda_model_tests cuda_sampling_tests cuda_upload_tests cuda_generator_tests}; do
     [ -x build/cand/bin/$t ] || continue
-    with cand timeout "${PD_TEST_S:-200}" build/cand/bin/$t >"$det/$t.log" 2>&1
+    with cand timeout "${PD_TEST_S:-300}" build/cand/bin/$t >"$det/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
     grep -E '^\[  FAILED  \]' "$det/$t.log" | head -20 | tee -a "$out/summary.txt"
   done
