@@ -43,10 +43,10 @@ namespace {
 
 using namespace stream;
 
-constexpr int kStreamTopK = 16;
+constexpr int kStreamTopK = 16;                    // experts per row the slot table holds
+constexpr int kMaxSlots = kMaxRows * kStreamTopK;  // used experts of one step
 // The one pair of code widths taken for routed and shared experts that differ (the oq6e recipe).
-constexpr int kMixedRoutedBits = 6, kMixedSharedBits = 8;  // experts per row the slot table holds
-constexpr int kMaxSlots = kMaxRows * kStreamTopK;          // used experts of one step
+constexpr int kMixedRoutedBits = 6, kMixedSharedBits = 8;
 
 // The slot of expert used[u] in row r's selection (-1: not selected) and its weight, for every used expert
 // and row: built once per block by the consumer warps.
