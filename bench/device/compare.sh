@@ -173,8 +173,8 @@ for q in ${PD_NCU_QUANTS:-}; do
   if [ -n "${PD_NCU_DETAIL:-}" ]; then
     ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_decode_step/ \
       --kernel-name "regex:${PD_NCU_DETAIL}" --launch-count "${PD_NCU_DETAIL_N:-6}" \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --section SchedulerStats --section ComputeWorkloadAnalysis \
+      ${PD_NCU_SECTIONS:---section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section SchedulerStats --section ComputeWorkloadAnalysis} \
       --log-file "$det/ncu_detail_$tag.txt" env LD_LIBRARY_PATH=$root/build/cand/lib \
       build/cand/bin/puredrive_device bench "${cell[@]}" >/dev/null 2>&1
     cp "$det/ncu_detail_$tag.txt" "$out/" 2>/dev/null

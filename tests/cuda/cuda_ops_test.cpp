@@ -95,10 +95,11 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
           ASSERT_TRUE(gpu_->matmul({.w = wg, .x = xg.tensor(), .out = og.tensor(), .accum = acc}).is_ok());
           const std::vector<float> got = download<float>(*gpu_, og.tensor());
           // bf16 weights of a width divisible by 64 run on the tensor cores at every R (gemv_mma.cu), and
-          // so do affine 4-, 6- and 8-bit ones of the streamed widths (gemv_stream.cu) up to kMaxRows rows.
-          const bool streamed_affine = f.format == WeightFormat::kAffine &&
-                                       (f.bits == 4 || f.bits == 6 || f.bits == 8) &&
-                                       (K == 512 || K == 1024 || K == 2048 || K == 4096);
+          // so do affine 4-, 6- and 8-bit ones of the streamed widths with 2-byte scales (gemv_stream.cu)
+          // up to kMaxRows rows; f32 scales take the CUDA-core kernels.
+          const bool streamed_affine =
+              f.format == WeightFormat::kAffine && (f.bits == 4 || f.bits == 6 || f.bits == 8) &&
+              f.scale_dtype != DType::kF32 && (K == 512 || K == 1024 || K == 2048 || K == 4096);
           const bool mma = (f.format == WeightFormat::kBF16 && K % 64 == 0) || streamed_affine;
           const double tol = R <= cuda::kMaxRows && !mma ? 1e-5 : cudatest::kMmaTolerance;
           EXPECT_LE(rel_err(got, download<float>(*cpu_, oc.tensor())), tol) << "R=" << R;
@@ -120,17 +121,17 @@ TEST_F(CudaOps, MatmulEveryFormatRowExact) {
 }
 
 // Products of the formats and widths the streamed kernels take (gemv_stream.cu: bf16, affine 8-bit with
-// each group size and scale dtype, 6- and 4-bit), with enough weight rows that every SM streams several tiles
-// and its ring of stages wraps around: against a double-precision product of the weights, every row of an
-// 8-row call equal to its one-row call, and a stacked launch (matmuls, the last matrix ending inside a tile)
-// bitwise equal to one launch per matrix.
+// each group size and 2-byte scale dtype, 6- and 4-bit), with enough weight rows that every SM streams
+// several tiles and its ring of stages wraps around: against a double-precision product of the weights, every
+// row of an 8-row call equal to its one-row call, and a stacked launch (matmuls, the last matrix ending
+// inside a tile) bitwise equal to one launch per matrix.
 TEST_F(CudaOps, StreamedProductsRowExact) {
   const FormatCase formats[] = {{WeightFormat::kBF16},
                                 {WeightFormat::kAffine, 8, 64, DType::kBF16},
                                 {WeightFormat::kAffine, 8, 32, DType::kF16},
-                                {WeightFormat::kAffine, 8, 128, DType::kF32},
+                                {WeightFormat::kAffine, 8, 128, DType::kBF16},
                                 {WeightFormat::kAffine, 6, 64, DType::kBF16},
-                                {WeightFormat::kAffine, 4, 128, DType::kF32}};
+                                {WeightFormat::kAffine, 4, 128, DType::kF16}};
   for (const FormatCase& fc : formats) {
     for (const int64_t K : {int64_t{512}, int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
       SCOPED_TRACE(fmt::format("{} K={}", describe(fc), K));

@@ -491,19 +491,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   int f = 0, buf = 0;
   for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G) {
     float acc = 0.0f, ys = 0.0f;
+    // Expert j's fragments (x) are made while expert j - 1's product runs, and its raw values loaded one
+    // expert earlier still: each warp's experts are a chain of dependent steps (an 8-bit expert's fixed-point
+    // split is about as many instructions as its product), which this overlaps.
+    typename W::X x;
     W::load_raw(act_row(a, table, 0, g), true, warp, q, v);
+    W::make(v, q, x);
+    if (count > 0) W::load_raw(act_row(a, table, 1, g), true, warp, q, v);
     for (int j0 = 0; j0 <= count; j0 += per, buf ^= 1) {
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         const int j = j0 + k;
         if (k >= per || j > count) break;
-        typename W::X x;
-        W::make(v, q, x);
-        if (j < count)
-          W::load_raw(act_row(a, table, j + 1, g), true, warp, q, v);  // in flight during this one
+        typename W::X next;
+        if (j < count) {
+          W::make(v, q, next);
+          if (j + 1 < count) W::load_raw(act_row(a, table, j + 2, g), true, warp, q, v);
+        }
         float part[4] = {};
         tiles_of.consume(ring, &f, j == 0, warp, lane, x, part);
         stash(ring.part, buf * kPer + k, warp, lane, part);
+        if (j < count) x = next;
       }
       consumers_sync();
       if (owner) {

@@ -59,30 +59,61 @@ __host__ __device__ inline int meta_row_bytes(const DevMatrix& m) {
   return static_cast<int>(m.cols / m.group_size) * (m.scale_dtype == SDType::kF32 ? 4 : 2);
 }
 
-// Whether m's codes have a streamed width (4, 6 or 8 bits) and its scales fit AffineShape's room and copy in
-// 16-byte pieces (any number of rows).
+// Whether m's codes have a streamed width (4, 6 or 8 bits), its scales are 2-byte values (bf16 or f16: the
+// consumers read them without a branch on the dtype; f32 scales take the CUDA-core kernels) that fit
+// AffineShape's room and copy in 16-byte pieces (any number of rows).
 inline bool affine_stream_layout(const DevMatrix& m) {
   const int mrb = meta_row_bytes(m);
   return m.fmt == WFmt::kAffine && (m.bits == 4 || m.bits == 6 || m.bits == 8) &&
-         (m.group_size == 32 || m.group_size == 64 || m.group_size == 128) && mrb % 16 == 0 &&
-         static_cast<int64_t>(mrb) * 16 <= m.cols && reinterpret_cast<uintptr_t>(m.scales) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(m.biases) % 16 == 0;
+         m.scale_dtype != SDType::kF32 && (m.group_size == 32 || m.group_size == 64 || m.group_size == 128) &&
+         mrb % 16 == 0 && static_cast<int64_t>(mrb) * 16 <= m.cols &&
+         reinterpret_cast<uintptr_t>(m.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(m.biases) % 16 == 0;
 }
 
-__device__ __forceinline__ float meta_at(const uint8_t* p, SDType t) {
-  if (t == SDType::kF32) return *reinterpret_cast<const float*>(p);
-  const uint16_t h = *reinterpret_cast<const uint16_t*>(p);
-  return t == SDType::kBF16 ? bf16_bits(h) : f16_bits(h);
-}
-
-// The group layout of a launch's matrices: group size, scale dtype, bytes of a row's scales.
+// The group layout of a launch's matrices (affine_stream_layout): log2 of the group size, f16 or bf16 scales,
+// bytes of a row's scales.
 struct AffineMeta {
-  int group = 64;
-  SDType dtype = SDType::kBF16;
+  int group_shift = 6;
+  bool f16 = false;
   int row_bytes = 0;
   __device__ explicit AffineMeta(const DevMatrix& m)
-      : group(m.group_size), dtype(m.scale_dtype), row_bytes(meta_row_bytes(m)) {}
+      : group_shift(m.group_size == 32   ? 5
+                    : m.group_size == 64 ? 6
+                                         : 7),
+        f16(m.scale_dtype == SDType::kF16),
+        row_bytes(meta_row_bytes(m)) {}
 };
+
+// N consecutive 2-byte scales (or biases) of a staged row, a warp slice's groups, in one shared-memory load:
+// the group index and the dtype were a division and two branches per value, a third of an 8-bit product's
+// instructions (SASS of gemv_stream_affine_kernel).
+template <int N>
+struct MetaRun {
+  uint32_t w[(N + 1) / 2];
+  __device__ explicit MetaRun(const uint8_t* p) {
+    if constexpr (N == 1) {
+      w[0] = *reinterpret_cast<const uint16_t*>(p);
+    } else if constexpr (N == 2) {
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
+    } else if constexpr (N == 4) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      w[0] = v.x, w[1] = v.y;
+    } else {
+      static_assert(N == 8, "1, 2, 4 or 8 groups per warp slice");
+      const uint4 v = *reinterpret_cast<const uint4*>(p);
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    }
+  }
+  __device__ float at(int i, bool f16) const {
+    const uint32_t h = (w[i / 2] >> (16 * (i & 1))) & 0xffffu;
+    return f16 ? f16_bits(h) : bf16_bits(h);
+  }
+};
+
+// 2^e for -126 <= e <= 127, exactly.
+__device__ __forceinline__ float pow2f(int e) {
+  return __int_as_float((127 + e) << 23);
+}
 
 template <bool UB>  // B unsigned (pieces p0, p1) or signed (p2)
 __device__ __forceinline__ void imma(int d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -140,6 +171,9 @@ struct AffineX {
     int e2 = 0;
     frexpf(most, &e2);                                              // most < 2^e2
     const int sh = most > 0.0f ? min(max(22 - e2, -100), 100) : 0;  // |x_int| < 2^22
+    // 2^sh is a normal float, so v * 2^sh is ldexpf(v, sh) (exact below 2^22, rounded alike when tiny, where
+    // the integer is 0 either way) in one multiply where ldexpf took three.
+    const float up = pow2f(sh);
     int part[S::kBlocks];
 #pragma unroll
     for (int j = 0; j < S::kBlocks; ++j) {
@@ -147,7 +181,7 @@ struct AffineX {
       uint32_t b[3][2] = {};
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const int xi = __float2int_rn(ldexpf(v[j][e], sh));
+        const int xi = __float2int_rn(v[j][e] * up);
         part[j] += xi;
         const int shift = 8 * (e & 3);
         b[0][e >> 2] |= static_cast<uint32_t>(xi & 0xff) << shift;
@@ -167,8 +201,8 @@ struct AffineX {
       xsum[p][0] = __shfl_sync(0xffffffffu, sum, 8 * q);
       xsum[p][1] = __shfl_sync(0xffffffffu, sum, 8 * q + 4);
     }
-    unscale[0] = ldexpf(1.0f, -__shfl_sync(0xffffffffu, sh, 8 * q));
-    unscale[1] = ldexpf(1.0f, -__shfl_sync(0xffffffffu, sh, 8 * q + 4));
+    unscale[0] = pow2f(-__shfl_sync(0xffffffffu, sh, 8 * q));
+    unscale[1] = pow2f(-__shfl_sync(0xffffffffu, sh, 8 * q + 4));
   }
 };
 
@@ -208,7 +242,10 @@ __device__ __forceinline__ void affine_product(const uint8_t* st, int warp, int 
   const int chunk = (warp * S::kSlice) / 8 + q;  // the lane's first 8 codes in a staged row
   const uint8_t* rg = st + g * S::kRowBytes;
   const uint8_t* r8 = st + (g + 8) * S::kRowBytes;
-  const int sb = meta.dtype == SDType::kF32 ? 4 : 2;
+  // The slice's groups: piece p is group first + p (PPS > 1: a piece is a group), or the slice lies in one.
+  const uint8_t* mg = st + S::kScales + g * meta.row_bytes + 2 * ((warp * S::kSlice) >> meta.group_shift);
+  const uint8_t* m8 = mg + 8 * meta.row_bytes;
+  const MetaRun<PPS> sg(mg), s8(m8), bg(mg + S::kMetaBytes), b8(m8 + S::kMetaBytes);
   int d[3][4] = {};
 #pragma unroll
   for (int j = 0; j < S::kBlocks; ++j) {
@@ -220,12 +257,9 @@ __device__ __forceinline__ void affine_product(const uint8_t* st, int warp, int 
     imma<false>(d[2], a, x.frag[j][2][0], x.frag[j][2][1]);
     if ((j + 1) % kPieceBlocks == 0) {
       const int p = j / kPieceBlocks;
-      const int gi = (warp * S::kSlice + p * kPieceBlocks * 32) / meta.group;
-      const uint8_t* sg = st + S::kScales + g * meta.row_bytes + gi * sb;
-      const uint8_t* s8 = sg + 8 * meta.row_bytes;
-      const float scale[2] = {meta_at(sg, meta.dtype), meta_at(s8, meta.dtype)};
-      const float bias[2] = {meta_at(sg + S::kMetaBytes, meta.dtype) + kOffset * scale[0],
-                             meta_at(s8 + S::kMetaBytes, meta.dtype) + kOffset * scale[1]};
+      const float scale[2] = {sg.at(p, meta.f16), s8.at(p, meta.f16)};
+      const float bias[2] = {bg.at(p, meta.f16) + kOffset * scale[0],
+                             b8.at(p, meta.f16) + kOffset * scale[1]};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {  // weight row g + 8 (e >> 1), activation row 2 q + (e & 1)
         const int64_t sum = (static_cast<int64_t>(d[2][e]) << 16) + (static_cast<int64_t>(d[1][e]) << 8) +
