@@ -101,16 +101,14 @@ __device__ void grid_barrier(int* bar) {
   __threadfence();
 }
 
-// The consumer warps of every block: router outputs (warp w of block b computes output b + G w), the grid
-// barrier, then the block's own routing of every row into *rt. Block 0 also writes the route for the down
-// kernel. RF: the router's format, the experts' (affine routers are 8-bit); its activation loads are scalar,
-// so the kernel needs no variant for unaligned rows.
+// The consumer warps of every block: router outputs (warp w of block b computes output b + G w). RF: the
+// router's format, the experts' (affine routers are 8-bit); its activation loads are scalar, so the kernel
+// needs no variant for unaligned rows.
 template <int RF>
-__device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
+__device__ __forceinline__ void router_outputs(const MoeStreamArgs& a, int warp, int lane) {
   const MoeLaunch& m = a.m;
-  const int E = m.experts, K = m.top_k;
   const int64_t n = blockIdx.x + static_cast<int64_t>(gridDim.x) * warp;
-  if (n <= E) {
+  if (n <= m.experts) {
     constexpr int kBits = RF == static_cast<int>(WFmt::kAffine) ? 8 : 0;
     // Accumulators for the rows there are (a row's sum does not depend on how many: dot_rows).
     if (a.rows == 1) {
@@ -121,17 +119,21 @@ __device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, in
       router_output<RF, kBits, false, kMaxRows>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
     }
   }
-  consumers_sync();
-  if (threadIdx.x == 0) PD_TRACE_CLK(1);
-  if (threadIdx.x == 0) grid_barrier(m.router_ticket);
-  if (threadIdx.x == 0) PD_TRACE_CLK(2);
-  consumers_sync();
-  if (warp < a.rows)
-    route_row(a.logits + static_cast<int64_t>(warp) * E, E, K, m.norm_topk, rt->sel + warp * K,
-              rt->wts + warp * K);
-  if (threadIdx.x == 0) PD_TRACE_CLK(3);
-  list_used_experts(rt->sel, a.rows * K, E, kConsumers * 32, rt->bits, rt->before, rt->used, &rt->count,
-                    [] { consumers_sync(); });
+}
+
+// Row r of the step into the route (warp-wide), once every router output of the grid is written.
+__device__ __forceinline__ void route_one_row(const MoeStreamArgs& a, int r, Route* rt) {
+  const MoeLaunch& m = a.m;
+  route_row(a.logits + static_cast<int64_t>(r) * m.experts, m.experts, m.top_k, m.norm_topk,
+            rt->sel + r * m.top_k, rt->wts + r * m.top_k);
+}
+
+// Every row routed: the used experts, and block 0 writes the route for the down kernel (the consumers).
+__device__ __forceinline__ void publish_route(const MoeStreamArgs& a, Route* rt) {
+  const MoeLaunch& m = a.m;
+  const int K = m.top_k;
+  list_used_experts(rt->sel, a.rows * K, m.experts, kConsumers * 32, rt->bits, rt->before, rt->used,
+                    &rt->count, [] { consumers_sync(); });
   if (threadIdx.x == 0) PD_TRACE_CLK(4);
   if (blockIdx.x == 0) {
     for (int i = static_cast<int>(threadIdx.x); i < a.rows * K; i += kConsumers * 32) {
@@ -146,11 +148,25 @@ __device__ __forceinline__ void route_chunk(const MoeStreamArgs& a, int warp, in
   }
 }
 
+// Named barriers of the gate/up kernel besides consumers_sync (1) and the route for the producer (2): the
+// block's router outputs are written (3: the consumers arrive, the producer waits); the grid barrier is
+// passed (4: the producer arrives, the warps that route rows 1.. wait); row 0 is routed (5: the producer
+// arrives, the consumers wait).
+enum RouteBarrier { kRouterOutputs = 3, kGridPassed = 4, kRowZeroRouted = 5 };
+template <int ID>
+__device__ __forceinline__ void named_arrive(int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+template <int ID>
+__device__ __forceinline__ void named_sync(int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+
 // The route's code runs once per launch, straight-line, and was measured cold in the instruction cache
-// (the bf16 kernel is 176 KB of code, and five other kernels run between two gate/up launches): a warp
-// that routes zero logits while the kernel waits for the previous one (warp kConsumers - 1 computes no
-// router output for fewer than 15 x 132 experts) cut the route from 6.3 to 3.8 us per layer (trace build,
-// bf16). route_row is out of line so that both calls run the same code. The results are discarded.
+// (the bf16 kernel is 176 KB of code, and five other kernels run between two gate/up launches): routing zero
+// logits while the kernel waits for the previous one cut the route from 6.3 to 3.8 us per layer (trace
+// build, bf16; then a spare consumer warp, now the producer warp, which routes row 0). route_row is out of
+// line so that both calls run the same code. The results are discarded.
 __device__ const float kZeroLogits[1024] = {};
 __device__ __forceinline__ void warm_route_code(const MoeLaunch& m) {
   __shared__ int sel[kStreamTopK];
@@ -161,8 +177,8 @@ __device__ __forceinline__ void warm_route_code(const MoeLaunch& m) {
 // The affine router's products need more registers than the experts' loop: out of line, so that their
 // spills stay in the router (measured: spills in every affine gate/up kernel when inline).
 template <int RF>
-__device__ __noinline__ void route_chunk_out_of_line(const MoeStreamArgs& a, int warp, int lane, Route* rt) {
-  route_chunk<RF>(a, warp, lane, rt);
+__device__ __noinline__ void router_outputs_out_of_line(const MoeStreamArgs& a, int warp, int lane) {
+  router_outputs<RF>(a, warp, lane);
 }
 
 // The consumers tell the producer that *rt holds the route (named barrier 2: arrive here, sync there).
@@ -193,6 +209,7 @@ struct Bf16Tiles {
   using S = Shape<KB>;
   static constexpr int kRouterFmt = static_cast<int>(WFmt::kBF16);
   static constexpr int kTilesPerSync = 1;
+  static constexpr int kFillStages = S::kChunks;  // stages per tile
   using Raw = float[S::kChunks][S::kBlocks32][8];
   struct X {
     uint32_t frag[S::kChunks][S::kBlocks32][8];
@@ -248,6 +265,7 @@ struct AffineTiles {
   using S = AffineShape<KB, (BITS > SHARED_BITS ? BITS : SHARED_BITS)>;
   static constexpr int kRouterFmt = static_cast<int>(WFmt::kAffine);  // 8-bit, whatever the experts' width
   static constexpr int kTilesPerSync = stream::kTilesPerSync;
+  static constexpr int kFillStages = 1;
   using Raw = float[S::kBlocks][8];
   using X = AffineX<S, PPS>;
   AffineMeta meta;
@@ -342,8 +360,20 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
       tiles_of.fill(ring, &f, lane, shared, Half{shared ? &m.sh_gate : &m.gate, e, tile.n0},
                     Half{shared ? &m.sh_up : &m.up, e, tile.n0});
     };
+    // Before the route is known, the shared expert's tiles that the ring takes without waiting for the
+    // consumers (they wait for this warp's route).
     int64_t t = blockIdx.x;
-    for (; t < shared_tiles; t += G) fill(t);  // before the route is known
+    for (; t < shared_tiles && f + W::kFillStages <= S::kStages; t += G) fill(t);
+    // This warp routes row 0: it holds no activations, so the consumers make theirs meanwhile (made after
+    // the route, they had cost about 4 us per layer; made before it in the consumers, they lived across
+    // the route's call and ptxas spilled them inside the tile loop).
+    if (a.warm_route != 0) warm_route_code(m);
+    named_sync<kRouterOutputs>(kThreads);
+    if (lane == 0) grid_barrier(m.router_ticket);
+    __syncwarp();
+    if (a.rows > 1) named_arrive<kGridPassed>(32 * a.rows);
+    route_one_row(a, 0, &route);
+    named_arrive<kRowZeroRouted>(kThreads);
     route_ready_wait();
     const int64_t total = shared_tiles + static_cast<int64_t>(route.count) * tiles;
     for (; t < total; t += G) fill(t);
@@ -355,27 +385,38 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     const DevMatrix& w = router_row < m.experts ? m.router : m.shared_gate;
     prefetch_row_l2(w, w.data, router_row < m.experts ? router_row : 0, lane);
   }
-  if (a.warm_route != 0 && warp == kConsumers - 1) warm_route_code(m);
   pdl_wait();
   PD_TRACE_STAMP(0);
   if constexpr (W::kRouterFmt == static_cast<int>(WFmt::kAffine)) {
-    route_chunk_out_of_line<W::kRouterFmt>(a, warp, lane, &route);
+    router_outputs_out_of_line<W::kRouterFmt>(a, warp, lane);
   } else {
-    route_chunk<W::kRouterFmt>(a, warp, lane, &route);
+    router_outputs<W::kRouterFmt>(a, warp, lane);
   }
+  if (threadIdx.x == 0) PD_TRACE_CLK(1);
+  named_arrive<kRouterOutputs>(kThreads);
+  const int g = lane >> 2, q = lane & 3;
+  typename W::X x;
+  auto make_x = [&] {
+    typename W::Raw v;
+    W::load_raw(g < a.rows ? a.x + g * a.xs : nullptr, aligned_rows(a.x, a.xs), warp, q, v);
+    W::make(v, q, x);
+  };
+  if (warp >= 1 && warp < a.rows) {  // rows 1..: each routed by its warp, which makes its fragments after
+    named_sync<kGridPassed>(32 * a.rows);
+    route_one_row(a, warp, &route);
+    make_x();
+  } else {
+    make_x();
+  }
+  PD_TRACE_STAMP(7);
+  named_sync<kRowZeroRouted>(kThreads);
+  if (threadIdx.x == 0) PD_TRACE_CLK(3);
+  publish_route(a, &route);
   PD_TRACE_STAMP(5);
   route_ready_arrive();
   const int count = route.count;
   build_slots(a, route.sel, route.wts, route.used, count, &table);
   PD_TRACE_STAMP(6);
-  const int g = lane >> 2, q = lane & 3;
-  typename W::X x;
-  {
-    typename W::Raw v;
-    W::load_raw(g < a.rows ? a.x + g * a.xs : nullptr, aligned_rows(a.x, a.xs), warp, q, v);
-    W::make(v, q, x);
-  }
-  PD_TRACE_STAMP(7);
   const int64_t total = shared_tiles + static_cast<int64_t>(count) * tiles;
   // act of tile t's 8 outputs for every row, from partial slot `slot`, by the 64 threads id.
   auto finish = [&](int64_t t, int slot_of_tile, int id) {
