@@ -600,6 +600,24 @@ void launch_down(const MoeStreamArgs& a, cudaStream_t stream) {
   launch_kernel<W>(moe_down_stream_kernel<W>, a, col_tiles < sms ? col_tiles : sms, stream);
 }
 
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<AffineTiles<...>>) for routed experts of BITS bits and a shared expert of shared_bits: the
+// same width, or the oq6e pair (routed 6, shared 8).
+template <int KB, int BITS, int PPS, typename F>
+void with_shared_width(int shared_bits, F&& f) {
+  if constexpr (BITS == kMixedRoutedBits) {
+    if (shared_bits == kMixedSharedBits) {
+      f(TypeTag<AffineTiles<KB, BITS, PPS, kMixedSharedBits>>{});
+      return;
+    }
+  }
+  f(TypeTag<AffineTiles<KB, BITS, PPS>>{});
+}
+
 template <int KB>
 void launch_up_kb(const MoeStreamArgs& a, cudaStream_t stream) {
   if (a.m.gate.fmt == WFmt::kBF16) {
@@ -609,14 +627,8 @@ void launch_up_kb(const MoeStreamArgs& a, cudaStream_t stream) {
   with_stream_bits(a.m.gate.bits, [&](auto bits) {
     constexpr int kBits = decltype(bits)::value;
     with_pieces<AffineShape<KB, kBits>>(a.m.gate.group_size, [&](auto pps) {
-      constexpr int kPieces = decltype(pps)::value;
-      if constexpr (kBits == kMixedRoutedBits) {
-        if (a.m.sh_gate.bits == kMixedSharedBits) {
-          launch_up<AffineTiles<KB, kBits, kPieces, kMixedSharedBits>>(a, stream);
-          return;
-        }
-      }
-      launch_up<AffineTiles<KB, kBits, kPieces>>(a, stream);
+      with_shared_width<KB, kBits, decltype(pps)::value>(
+          a.m.sh_gate.bits, [&](auto tiles) { launch_up<typename decltype(tiles)::type>(a, stream); });
     });
   });
 }
@@ -678,14 +690,8 @@ void launch_moe_stream_down(const MoeStreamArgs& a, cudaStream_t stream) {
     launch_down<Bf16Tiles<1>>(a, stream);
   } else {
     with_stream_bits(a.m.down.bits, [&](auto bits) {
-      constexpr int kBits = decltype(bits)::value;
-      if constexpr (kBits == kMixedRoutedBits) {
-        if (a.m.sh_down.bits == kMixedSharedBits) {
-          launch_down<AffineTiles<1, kBits, 1, kMixedSharedBits>>(a, stream);
-          return;
-        }
-      }
-      launch_down<AffineTiles<1, kBits, 1>>(a, stream);
+      with_shared_width<1, decltype(bits)::value, 1>(
+          a.m.sh_down.bits, [&](auto tiles) { launch_down<typename decltype(tiles)::type>(a, stream); });
     });
   }
 }
