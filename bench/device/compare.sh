@@ -9,7 +9,7 @@
 # PD_TESTS (test binaries), PD_TEST_S (seconds per test binary, default 300), PD_SKIP_TESTS=1,
 # PD_SKIP_CHECK=1, PD_CHECK_S (seconds per `check`, default 60), PD_NCU_QUANTS (candidate only, default
 # none) with PD_NCU_CONTEXTS (default 2k; --fill auto) and PD_NCU_ROWS (rows of the profiled step, default 1) and PD_NCU_DETAIL (kernel-name regex for
-# full ncu sections), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk), PD_CAND_LONG (contexts for one more candidate bf16 bench, --fill auto: synthetic
+# full ncu sections; PD_NCU_SECTIONS replaces the default list of --section options), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk), PD_CAND_LONG (contexts for one more candidate bf16 bench, --fill auto: synthetic
 # above 64K, e.g. 32k,128k,256k; default none; PD_BASE_LONG: the same for the baseline), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
 # MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle, default 2.3, in every cell of the
 # bundles whose bench has --accept-mean; PD_MTP_DRAFT_VOCAB: their --mtp-draft-vocab).
