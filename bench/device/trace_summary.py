@@ -17,6 +17,8 @@ from collections import defaultdict
 NAMES = {1: "embed", 2: "rms_norm", 3: "gemv_stream", 4: "gemv_stream_affine", 5: "moe_up", 6: "moe_down",
          7: "gdn_conv", 8: "gdn_recurrent", 9: "qk_norm_rope", 10: "attn_decode", 11: "attn_merge",
          12: "argmax_slices", 13: "argmax_merge"}
+# moe_up: since 43e8f33 the producer warp stamps "barrier" and routes row 0, and the consumers make their
+# fragments ("x_loaded") before "route_row" (every row routed).
 PHASES = {5: ["pdl_wait", "router", "barrier", "route_row", "used_list", "route_done", "slots", "x_loaded",
               "tile1", "tile2", "last_tile"],
           6: ["pdl_wait", "slots"], 3: ["pdl_wait", "x_loaded", "first_tile"]}

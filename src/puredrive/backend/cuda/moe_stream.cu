@@ -369,7 +369,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     // the route's call and ptxas spilled them inside the tile loop).
     if (a.warm_route != 0) warm_route_code(m);
     named_sync<kRouterOutputs>(kThreads);
-    if (lane == 0) grid_barrier(m.router_ticket);
+    if (lane == 0) {
+      grid_barrier(m.router_ticket);
+      PD_TRACE_CLK(2);
+    }
     __syncwarp();
     if (a.rows > 1) named_arrive<kGridPassed>(32 * a.rows);
     route_one_row(a, 0, &route);
