@@ -85,8 +85,8 @@ struct AffineMeta {
 };
 
 // N consecutive 2-byte scales (or biases) of a staged row, a warp slice's groups, in one shared-memory load:
-// the group index and the dtype were a division and two branches per value, a third of an 8-bit product's
-// instructions (SASS of gemv_stream_affine_kernel).
+// the group index and the dtype were a division and two branches per value, over a quarter of an 8-bit
+// product's instructions (SASS of gemv_stream_affine_kernel).
 template <int N>
 struct MetaRun {
   uint32_t w[(N + 1) / 2];
