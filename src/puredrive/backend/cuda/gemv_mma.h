@@ -40,8 +40,9 @@ void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t x_stride,
                            cudaStream_t stream);
 
 // The streamed variant (gemv_stream.cu): whether it takes m (bf16 or affine 4-, 6- or 8-bit with groups of
-// 32-128, width 512, 1024, 2048 or 4096, 16-byte aligned rows; PD_GEMV_STREAM=0 turns it off,
-// PD_AFFINE_STREAM=0 only for affine matrices), whether two matrices can share a launch, and the launch.
+// 32-128 and bf16 or f16 scales, width 512, 1024, 2048 or 4096, 16-byte aligned rows; PD_GEMV_STREAM=0 turns
+// it off, PD_AFFINE_STREAM=0 only for affine matrices), whether two matrices can share a launch, and the
+// launch.
 bool gemv_stream_supported(const DevMatrix& m);
 bool gemv_stream_compatible(const DevMatrix& a, const DevMatrix& b);
 void launch_gemv_stream(const MmaTargets& t, const float* x, int64_t x_stride, int rows, cudaStream_t stream);

@@ -148,11 +148,11 @@ __device__ __forceinline__ void publish_route(const MoeStreamArgs& a, Route* rt)
   }
 }
 
-// Named barriers of the gate/up kernel besides consumers_sync (1) and the route for the producer (2): the
-// block's router outputs are written (3: the consumers arrive, the producer waits); the grid barrier is
-// passed (4: the producer arrives, the warps that route rows 1.. wait); row 0 is routed (5: the producer
-// arrives, the consumers wait).
-enum RouteBarrier { kRouterOutputs = 3, kGridPassed = 4, kRowZeroRouted = 5 };
+// Named barriers of the gate/up kernel besides consumers_sync (1): the route is ready for the producer (2:
+// the consumers arrive, the producer waits); the block's router outputs are written (3: the consumers
+// arrive, the producer waits); the grid barrier is passed (4: the producer arrives, the warps that route
+// rows 1.. wait); row 0 is routed (5: the producer arrives, the consumers wait).
+enum RouteBarrier { kRouteReady = 2, kRouterOutputs = 3, kGridPassed = 4, kRowZeroRouted = 5 };
 template <int ID>
 __device__ __forceinline__ void named_arrive(int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
@@ -181,12 +181,12 @@ __device__ __noinline__ void router_outputs_out_of_line(const MoeStreamArgs& a, 
   router_outputs<RF>(a, warp, lane);
 }
 
-// The consumers tell the producer that *rt holds the route (named barrier 2: arrive here, sync there).
+// The consumers tell the producer that *rt holds the route.
 __device__ __forceinline__ void route_ready_arrive() {
-  asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
+  named_arrive<kRouteReady>(kThreads);
 }
 __device__ __forceinline__ void route_ready_wait() {
-  asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads) : "memory");
+  named_sync<kRouteReady>(kThreads);
 }
 
 __device__ __forceinline__ const uint8_t* expert_bytes(const void* base, int64_t stride, int e) {
@@ -399,17 +399,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   named_arrive<kRouterOutputs>(kThreads);
   const int g = lane >> 2, q = lane & 3;
   typename W::X x;
-  auto make_x = [&] {
-    typename W::Raw v;
-    W::load_raw(g < a.rows ? a.x + g * a.xs : nullptr, aligned_rows(a.x, a.xs), warp, q, v);
-    W::make(v, q, x);
-  };
   if (warp >= 1 && warp < a.rows) {  // rows 1..: each routed by its warp, which makes its fragments after
     named_sync<kGridPassed>(32 * a.rows);
     route_one_row(a, warp, &route);
-    make_x();
-  } else {
-    make_x();
+  }
+  {
+    typename W::Raw v;
+    W::load_raw(g < a.rows ? a.x + g * a.xs : nullptr, aligned_rows(a.x, a.xs), warp, q, v);
+    W::make(v, q, x);
   }
   PD_TRACE_STAMP(7);
   named_sync<kRowZeroRouted>(kThreads);
