@@ -375,6 +375,43 @@ TEST_F(CudaOps, GatedDeltaNetMatchesCpuAndIsRowExact) {
   }
 }
 
+// The decode step's cluster holds every value head of a key head: more than 8 per key head is refused with a
+// clear error before anything runs, and the state is left as it was.
+TEST_F(CudaOps, GatedDeltaNetRefusesMoreThanEightValueHeadsPerKeyHead) {
+  const GdnDims d{
+      .num_k_heads = 1, .num_v_heads = 9, .k_head_dim = 16, .v_head_dim = 16, .conv_kernel = 4, .eps = 1e-6f};
+  const int64_t C = 2 * int64_t{d.k_head_dim} + int64_t{d.num_v_heads} * d.v_head_dim;
+  const int64_t vd = int64_t{d.num_v_heads} * d.v_head_dim;
+  const VectorId conv1d =
+      gpu_->bind_vector(std::vector<float>(static_cast<size_t>(C * 4), 0.5f), "c").value();
+  const VectorId a_log = gpu_->bind_vector(std::vector<float>(9, 0.0f), "a").value();
+  const VectorId dt_bias = gpu_->bind_vector(std::vector<float>(9, 0.0f), "d").value();
+  const VectorId norm = gpu_->bind_vector(std::vector<float>(16, 1.0f), "n").value();
+  const std::vector<float> rec0(static_cast<size_t>(vd * d.k_head_dim), 0.25f);
+  Buffer qkv = device_tensor(*gpu_, DType::kF32, 1, C, std::vector<float>(static_cast<size_t>(C), 1.0f));
+  Buffer z = device_tensor(*gpu_, DType::kF32, 1, vd, std::vector<float>(static_cast<size_t>(vd), 1.0f));
+  Buffer b = device_tensor(*gpu_, DType::kF32, 1, 9, std::vector<float>(9, 0.0f));
+  Buffer a = device_tensor(*gpu_, DType::kF32, 1, 9, std::vector<float>(9, 0.0f));
+  Buffer conv = device_tensor(*gpu_, DType::kF32, 3, C, std::vector<float>(static_cast<size_t>(3 * C), 0.5f));
+  Buffer rec = device_tensor(*gpu_, DType::kF32, 9, vd * d.k_head_dim / 9, rec0);
+  Buffer out = device_tensor(*gpu_, DType::kF32, 1, vd, std::vector<float>{});
+  const Status s = gpu_->gated_delta_net({.dims = d,
+                                          .qkv = qkv.tensor(),
+                                          .z = z.tensor(),
+                                          .b = b.tensor(),
+                                          .a = a.tensor(),
+                                          .conv1d = conv1d,
+                                          .A_log = a_log,
+                                          .dt_bias = dt_bias,
+                                          .norm = norm,
+                                          .state = {.conv = conv.tensor(), .recurrent = rec.tensor()},
+                                          .out = out.tensor()});
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(s.to_string().find("up to 8 value heads per key head"), std::string::npos) << s.to_string();
+  EXPECT_EQ(download<float>(*gpu_, rec.tensor()), rec0);
+}
+
 TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
   struct Case {
     int experts, top_k;

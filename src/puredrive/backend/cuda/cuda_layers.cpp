@@ -87,12 +87,14 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
 Status CudaBackend::gated_delta_net(const GatedDeltaNetArgs& a) {
   PD_TRY(validate_gated_delta_net(Device::kCuda, a));
   const GdnDims& d = a.dims;
-  if (!cuda::gdn_supported(d.k_head_dim, d.v_head_dim) || d.conv_kernel > cuda::kMaxConvKernel) {
+  if (!cuda::gdn_supported(d.k_head_dim, d.v_head_dim, d.num_k_heads, d.num_v_heads) ||
+      d.conv_kernel > cuda::kMaxConvKernel) {
     return make_error(
         ErrorCode::kUnsupported,
         "gated_delta_net: the CUDA kernels support key head dims 16/32/64/128/256, value head dims "
-        "8..128 (multiples of 8) and conv kernels up to {} (got {}, {}, {})",
-        cuda::kMaxConvKernel, d.k_head_dim, d.v_head_dim, d.conv_kernel);
+        "8..128 (multiples of 8), up to 8 value heads per key head and conv kernels up to {} (got {}, {}, "
+        "{} and {} value heads for {} key heads)",
+        cuda::kMaxConvKernel, d.k_head_dim, d.v_head_dim, d.conv_kernel, d.num_v_heads, d.num_k_heads);
   }
   if (a.prefill && cuda::gdn_prefill_smem_bytes(d.k_head_dim, d.v_head_dim) > smem_optin_) {
     return make_error(
@@ -107,11 +109,12 @@ Status CudaBackend::gated_delta_net(const GatedDeltaNetArgs& a) {
   PD_ASSIGN_OR_RETURN(const DevVector* a_log, vector("gated_delta_net", a.A_log, d.num_v_heads));
   PD_ASSIGN_OR_RETURN(const DevVector* dt_bias, vector("gated_delta_net", a.dt_bias, d.num_v_heads));
   PD_ASSIGN_OR_RETURN(const DevVector* norm, vector("gated_delta_net", a.norm, d.v_head_dim));
-  const int64_t scratch_floats =
-      a.prefill ? cuda::gdn_prefill_scratch_floats(static_cast<int>(channels), d.num_v_heads, d.k_head_dim,
-                                                   d.v_head_dim, static_cast<int>(rows))
-                : cuda::gdn_scratch_floats(static_cast<int>(channels));
-  PD_ASSIGN_OR_RETURN(void* scr, scratch(gdn_scratch_, scratch_floats * 4));
+  void* scr = nullptr;
+  if (a.prefill) {
+    const int64_t floats = cuda::gdn_prefill_scratch_floats(
+        static_cast<int>(channels), d.num_v_heads, d.k_head_dim, d.v_head_dim, static_cast<int>(rows));
+    PD_ASSIGN_OR_RETURN(scr, scratch(gdn_scratch_, floats * 4));
+  }
 
   cuda::GdnLaunch g;
   g.num_k_heads = d.num_k_heads;

@@ -1,6 +1,14 @@
-// The GDN recurrence of a decode/verify chunk (spec §5), split by value columns: the S blocks of a cluster
-// share value head h, block c owns columns [c Dv / S, (c + 1) Dv / S), and thread (j, part) owns column j,
-// state rows [part Dk / 4, (part + 1) Dk / 4). Rows go in groups of kRowGroup: the group's inputs are loaded
+// The GDN step of a decode/verify chunk (spec §5): the causal conv, the recurrence and the gated norm in one
+// kernel, split by value columns: the S blocks of value head h own columns [c Dv / S, (c + 1) Dv / S) each
+// (c < S), and thread (j, part) owns column j, state rows [part Dk / 4, (part + 1) Dk / 4). A cluster is
+// the S blocks of each value head that shares key head kh (GQA ratio x S blocks).
+//
+// Conv (depthwise, Kc taps, SiLU): each thread carries the Kc - 1 window of its column's v channel (the four
+// parts of a column compute the same value; part 0 writes it), threads t < Dk those of q and k channel t of
+// key head kh, which every block of the cluster computes alike. Their windows are written back by cluster
+// rank 0 after the cluster's barrier, once every block has read them. Merged into the recurrence, the conv
+// is no longer a launch of its own whose outputs the recurrence waited for.
+// Rows go in groups of kRowGroup: the group's inputs are loaded
 // at once and its q and k l2norms computed together (fixed-order block sums, one barrier pass for the
 // group), so the rows' recurrence itself runs without a barrier or a memory wait: decay, delta rule,
 // readout (sums over the key dim ascending inside a thread, then ((p0 + p1) + (p2 + p3)) across the four
@@ -20,6 +28,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kMaxSplit = 4;
+constexpr int kMaxCluster = 8;  // blocks per cluster (the portable limit): GQA ratio x split
 constexpr int kRowGroup = 8;   // rows whose inputs are loaded and normalised together (PD_GDN_ROW_GROUP=0: 1)
 constexpr int kMaxWarps = 16;  // 512 threads
 
@@ -49,9 +58,42 @@ __device__ __forceinline__ void block_sums(float v[N], float (*red)[kMaxWarps], 
   __syncthreads();
 }
 
+// One conv channel c: win, its last Kc - 1 inputs (oldest first; an array of kMaxConvKernel indexed by
+// constants only, so that it stays in registers), and its Kc taps w (global memory, read per row: in
+// registers, three channels' taps made the verify kernels spill).
+__device__ __forceinline__ void conv_load(const GdnLaunch& g, int64_t C, int64_t c,
+                                          float (&win)[kMaxConvKernel]) {
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j) win[j] = j < g.conv_kernel - 1 ? g.conv_state[j * C + c] : 0.0f;
+}
+// silu(sum_j w[j] win[j]) with x as the newest input, taps in ascending order; x enters the window.
+__device__ __forceinline__ float conv_step(float x, int kc, float (&win)[kMaxConvKernel], const float* w) {
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j) {
+    if (j == kc - 1) win[j] = x;
+  }
+  float acc = __ldg(w) * win[0];
+#pragma unroll
+  for (int j = 1; j < kMaxConvKernel; ++j) {
+    if (j < kc) acc = acc + __ldg(w + j) * win[j];
+  }
+#pragma unroll
+  for (int j = 0; j + 1 < kMaxConvKernel; ++j) {
+    if (j < kc - 1) win[j] = win[j + 1];
+  }
+  return siluf_(acc);
+}
+// The window to dst[j * C + c] (the conv state's layout, or a row's snapshot).
+__device__ __forceinline__ void conv_store(float* dst, int64_t C, int64_t c, int kc,
+                                           const float (&win)[kMaxConvKernel]) {
+#pragma unroll
+  for (int j = 0; j + 1 < kMaxConvKernel; ++j) {
+    if (j < kc - 1) dst[j * C + c] = win[j];
+  }
+}
+
 template <int RPT, int G>
-__global__ void __launch_bounds__(512)
-    gdn_recurrent_split_kernel(GdnLaunch g, int r0, int rows, const float* conv_out, int split) {
+__global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int rows, int split) {
   PD_TRACE_SCOPE(kGdnRecurrent, rows);
   pdl_enter();
   PD_TRACE_STAMP(0);
@@ -75,6 +117,21 @@ __global__ void __launch_bounds__(512)
   const int key_dim = g.num_k_heads * Dk;
   const int C = 2 * key_dim + g.num_v_heads * Dv;
   const int64_t head_size = static_cast<int64_t>(Dk) * Dv;
+  const int kc = g.conv_kernel;
+  const int rank_base = (h % (g.num_v_heads / g.num_k_heads)) * split;  // this head's first cluster rank
+  const bool qk_owner = rank_base + c == 0;                             // writes q and k's windows
+  const int cq = kh * Dk + tid, ck = key_dim + kh * Dk + tid, cv = 2 * key_dim + h * Dv + j;
+  float win_q[kMaxConvKernel], win_k[kMaxConvKernel], win_v[kMaxConvKernel];
+  if (tid < Dk) {
+    conv_load(g, C, cq, win_q);
+    conv_load(g, C, ck, win_k);
+  }
+  conv_load(g, C, cv, win_v);
+  const float* taps_q = g.conv1d + static_cast<int64_t>(cq) * kc;
+  const float* taps_k = g.conv1d + static_cast<int64_t>(ck) * kc;
+  const float* taps_v = g.conv1d + static_cast<int64_t>(cv) * kc;
+  // The first row's output gate, loaded with the inputs rather than after the cluster's barrier at the end.
+  const float z_first = part == 0 ? g.z[r0 * g.z_stride + static_cast<int64_t>(h) * Dv + j] : 0.0f;
   float* state = g.recurrent + h * head_size;
   float s[RPT];
 #pragma unroll
@@ -84,18 +141,37 @@ __global__ void __launch_bounds__(512)
   const float q_scale = static_cast<float>(1.0 / sqrt(static_cast<double>(Dk)));
   for (int first = 0; first < rows; first += G) {
     const int n = min(G, rows - first);
-    // The group's inputs, all loads in flight together; q and k raw into shared memory.
-    float sq[2 * G], vv[G], bv[G], av[G];
+    // The group's inputs, all loads in flight together; then the conv, row by row, q and k raw into shared
+    // memory.
+    float xq[G], xk[G], vv[G], bv[G], av[G];
 #pragma unroll
     for (int r = 0; r < G; ++r) {
       const bool ok = r < n;
       const int64_t gr = r0 + first + r;
-      const float* x = conv_out + static_cast<int64_t>(first + r) * C;
-      const float qv = ok && tid < Dk ? x[kh * Dk + tid] : 0.0f;
-      const float kv = ok && tid < Dk ? x[key_dim + kh * Dk + tid] : 0.0f;
-      vv[r] = ok ? x[2 * key_dim + static_cast<int64_t>(h) * Dv + j] : 0.0f;
+      const float* x = g.qkv + gr * g.qkv_stride;
+      xq[r] = ok && tid < Dk ? x[cq] : 0.0f;
+      xk[r] = ok && tid < Dk ? x[ck] : 0.0f;
+      vv[r] = ok ? x[cv] : 0.0f;
       bv[r] = ok ? g.b[gr * g.b_stride + h] : 0.0f;
       av[r] = ok ? g.a[gr * g.a_stride + h] : 0.0f;
+    }
+    float sq[2 * G];
+#pragma unroll
+    for (int r = 0; r < G; ++r) {
+      float qv = 0.0f, kv = 0.0f;
+      if (r < n) {
+        float* snap = g.snap_conv != nullptr ? g.snap_conv + (r0 + first + r) * g.snap_conv_stride : nullptr;
+        if (tid < Dk) {
+          qv = conv_step(xq[r], kc, win_q, taps_q);
+          kv = conv_step(xk[r], kc, win_k, taps_k);
+          if (snap != nullptr && qk_owner) {
+            conv_store(snap, C, cq, kc, win_q);
+            conv_store(snap, C, ck, kc, win_k);
+          }
+        }
+        vv[r] = conv_step(vv[r], kc, win_v, taps_v);
+        if (snap != nullptr && part == 0) conv_store(snap, C, cv, kc, win_v);
+      }
       if (tid < Dk) {
         qs[r][tid] = qv;
         ks[r][tid] = kv;
@@ -152,15 +228,20 @@ __global__ void __launch_bounds__(512)
   }
 #pragma unroll
   for (int ii = 0; ii < RPT; ++ii) state[static_cast<int64_t>(i0 + ii) * Dv + j] = s[ii];
+  if (part == 0) conv_store(g.conv_state, C, cv, kc, win_v);
   // Gated RMSNorm, norm before gate: (w * (o * rsqrt(mean(o^2) + eps))) * silu(z), mean over the head.
-  cluster.sync();
+  cluster.sync();  // also: every block of the cluster has read q and k's conv windows
+  if (qk_owner && tid < Dk) {
+    conv_store(g.conv_state, C, cq, kc, win_q);
+    conv_store(g.conv_state, C, ck, kc, win_k);
+  }
   for (int r = 0; r < rows; ++r) {
     float total = 0.0f;
-    for (int b = 0; b < split; ++b) total = total + cluster.map_shared_rank(o_part, b)[r];
+    for (int b = 0; b < split; ++b) total = total + cluster.map_shared_rank(o_part, rank_base + b)[r];
     if (part == 0) {
       const int64_t gr = r0 + r;
       const float inv = 1.0f / sqrtf(total / static_cast<float>(Dv) + g.eps);
-      const float z = g.z[gr * g.z_stride + static_cast<int64_t>(h) * Dv + j];
+      const float z = r == 0 ? z_first : g.z[gr * g.z_stride + static_cast<int64_t>(h) * Dv + j];
       g.out[gr * g.out_stride + static_cast<int64_t>(h) * Dv + j] =
           (g.norm[j] * (o_raw[r * cols + jl] * inv)) * siluf_(z);
     }
@@ -168,17 +249,21 @@ __global__ void __launch_bounds__(512)
   cluster.sync();  // the other blocks may still read o_part
 }
 
-// Blocks per value head: as many as keep every thread busy with one column and the key dim within the block.
-int gdn_split(int k_head_dim, int v_head_dim) {
+// Blocks per value head: as many as keep every thread busy with one column and the key dim within the block,
+// and a cluster (ratio of them per key head) within kMaxCluster.
+int gdn_split(int k_head_dim, int v_head_dim, int ratio) {
   for (int s = kMaxSplit; s > 1; s /= 2) {
-    if (v_head_dim % s == 0 && (4 * v_head_dim / s) % 32 == 0 && k_head_dim <= 4 * v_head_dim / s) return s;
+    if (v_head_dim % s == 0 && (4 * v_head_dim / s) % 32 == 0 && k_head_dim <= 4 * v_head_dim / s &&
+        ratio * s <= kMaxCluster) {
+      return s;
+    }
   }
   return 1;
 }
 
 template <int RPT>
-void launch_split(const GdnLaunch& g, int r0, int rows, const float* conv_out, int split,
-                  cudaStream_t stream) {
+void launch_split(const GdnLaunch& g, int r0, int rows, int split, cudaStream_t stream) {
+  const int ratio = g.num_v_heads / g.num_k_heads;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(g.num_v_heads * split));
   cfg.blockDim = dim3(static_cast<unsigned>(4 * g.v_head_dim / split));
@@ -188,7 +273,7 @@ void launch_split(const GdnLaunch& g, int r0, int rows, const float* conv_out, i
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = static_cast<unsigned>(split);
+  attr[1].val.clusterDim.x = static_cast<unsigned>(ratio * split);
   attr[1].val.clusterDim.y = 1;
   attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -198,31 +283,39 @@ void launch_split(const GdnLaunch& g, int r0, int rows, const float* conv_out, i
   // (bench/results/2026-12-03-h200-6398cc3.md), and the sums are the same either way.
   static const bool grouped = env_switch_on("PD_GDN_ROW_GROUP");
   if (grouped && rows > 1) {
-    cudaLaunchKernelEx(&cfg, gdn_recurrent_split_kernel<RPT, kRowGroup>, g, r0, rows, conv_out, split);
+    cudaLaunchKernelEx(&cfg, gdn_step_kernel<RPT, kRowGroup>, g, r0, rows, split);
   } else {
-    cudaLaunchKernelEx(&cfg, gdn_recurrent_split_kernel<RPT, 1>, g, r0, rows, conv_out, split);
+    cudaLaunchKernelEx(&cfg, gdn_step_kernel<RPT, 1>, g, r0, rows, split);
   }
 }
 
 }  // namespace
 
-void launch_gdn_recurrent(const GdnLaunch& g, int r0, int rows, const float* conv_out, cudaStream_t stream) {
-  const int split = gdn_split(g.k_head_dim, g.v_head_dim);
+bool gdn_supported(int k_head_dim, int v_head_dim, int num_k_heads, int num_v_heads) {
+  const bool dk_ok =
+      k_head_dim == 16 || k_head_dim == 32 || k_head_dim == 64 || k_head_dim == 128 || k_head_dim == 256;
+  return dk_ok && v_head_dim >= 8 && v_head_dim <= 128 && (4 * v_head_dim) % 32 == 0 &&
+         k_head_dim <= 4 * v_head_dim && num_k_heads > 0 && num_v_heads % num_k_heads == 0 &&
+         num_v_heads / num_k_heads <= kMaxCluster;
+}
+
+void launch_gdn_step(const GdnLaunch& g, int r0, int rows, cudaStream_t stream) {
+  const int split = gdn_split(g.k_head_dim, g.v_head_dim, g.num_v_heads / g.num_k_heads);
   switch (g.k_head_dim) {
     case 16:
-      launch_split<4>(g, r0, rows, conv_out, split, stream);
+      launch_split<4>(g, r0, rows, split, stream);
       break;
     case 32:
-      launch_split<8>(g, r0, rows, conv_out, split, stream);
+      launch_split<8>(g, r0, rows, split, stream);
       break;
     case 64:
-      launch_split<16>(g, r0, rows, conv_out, split, stream);
+      launch_split<16>(g, r0, rows, split, stream);
       break;
     case 128:
-      launch_split<32>(g, r0, rows, conv_out, split, stream);
+      launch_split<32>(g, r0, rows, split, stream);
       break;
     default:
-      launch_split<64>(g, r0, rows, conv_out, split, stream);
+      launch_split<64>(g, r0, rows, split, stream);
       break;
   }
 }

@@ -200,7 +200,7 @@ int64_t attention_scratch_floats(const AttentionLaunch& a);
 void set_attention_smem_limit(size_t bytes);
 void launch_attention(const AttentionLaunch& a, cudaStream_t stream);
 
-// ---- Gated DeltaNet (gated_delta_net.cu) ----
+// ---- Gated DeltaNet (gated_delta_net.cu, gdn_recurrent.cu) ----
 struct GdnLaunch {
   int num_k_heads = 0, num_v_heads = 0, k_head_dim = 0, v_head_dim = 0, conv_kernel = 0;
   float eps = 0.0f;
@@ -225,18 +225,19 @@ struct GdnLaunch {
   float* out = nullptr;
   int64_t out_stride = 0;
   int rows = 0;
-  float* scratch = nullptr;  // gdn_scratch_floats, or gdn_prefill_scratch_floats for the prefill kernels
+  float* scratch = nullptr;  // the prefill kernels' gdn_prefill_scratch_floats (the decode step takes none)
   // Prefill (gdn_prefill.cu): the absolute position of row 0 modulo kGdnPrefillChunk, and the scratch layout
   // (gdn_prefill_caps).
   int chunk_offset = 0;
   int seg_rows_cap = 0, seg_chunks_cap = 0;
 };
-constexpr int kGdnChunk = 64;  // rows per conv + recurrence pass (bounds the scratch)
-int64_t gdn_scratch_floats(int channels);
-bool gdn_supported(int k_head_dim, int v_head_dim);
+constexpr int kGdnChunk = 64;  // rows per decode step launch (bounds the shared memory per row)
+// Dims both GDN paths take (the step's cluster holds the blocks of every value head of a key head: a GQA
+// ratio of at most 8).
+bool gdn_supported(int k_head_dim, int v_head_dim, int num_k_heads, int num_v_heads);
 void launch_gated_delta_net(const GdnLaunch& g, cudaStream_t stream);
-// The recurrence + gated norm of rows [r0, r0 + rows) (rows <= kGdnChunk) from the conv outputs.
-void launch_gdn_recurrent(const GdnLaunch& g, int r0, int rows, const float* conv_out, cudaStream_t stream);
+// The conv, recurrence and gated norm of rows [r0, r0 + rows) (rows <= kGdnChunk), in one launch.
+void launch_gdn_step(const GdnLaunch& g, int r0, int rows, cudaStream_t stream);
 
 // ---- Gated DeltaNet prefill: the chunked form over position-aligned chunks (gdn_prefill.cu) ----
 constexpr int kGdnPrefillChunk = 64;   // positions per chunk (backend.h kGdnPrefillChunk)

@@ -51,16 +51,13 @@ __device__ void route_row_regs(const float* logits, int E, int K, bool norm, int
         bj = j;
       }
     }
-    int bi = bv >= 0.0f ? lane + 32 * bj : E;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float v2 = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int i2 = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (v2 > bv || (v2 == bv && i2 < bi)) {
-        bv = v2;
-        bi = i2;
-      }
-    }
+    // The warp's (probability desc, id asc) winner in two warp reductions instead of a five-round
+    // butterfly of (value, id) pairs: bv is -1 or a non-negative float (never NaN: a NaN never wins the
+    // scan), so its bits order as signed ints; then the lowest id among the lanes holding that value.
+    const int top_bits = __reduce_max_sync(0xffffffffu, __float_as_int(bv));
+    const int bi =
+        __reduce_min_sync(0xffffffffu, __float_as_int(bv) == top_bits && bv >= 0.0f ? lane + 32 * bj : E);
+    bv = __int_as_float(top_bits);
     if (bi < E && (bi & 31) == lane) taken |= 1u << (bi >> 5);
     if (lane == i) {
       my_id = bi;

@@ -128,30 +128,36 @@ __device__ __forceinline__ void route_one_row(const MoeStreamArgs& a, int r, Rou
             rt->sel + r * m.top_k, rt->wts + r * m.top_k);
 }
 
-// Every row routed: the used experts, and block 0 writes the route for the down kernel (the consumers).
+// Every row routed: the used experts, and block 0 writes the route for the down kernel (the consumers). One
+// row's selection is already the list (distinct, sorted by id): no list is built, and the producer starts
+// the routed tiles without waiting for it.
 __device__ __forceinline__ void publish_route(const MoeStreamArgs& a, Route* rt) {
   const MoeLaunch& m = a.m;
   const int K = m.top_k;
-  list_used_experts(rt->sel, a.rows * K, m.experts, kConsumers * 32, rt->bits, rt->before, rt->used,
-                    &rt->count, [] { consumers_sync(); });
+  if (a.rows > 1) {
+    list_used_experts(rt->sel, a.rows * K, m.experts, kConsumers * 32, rt->bits, rt->before, rt->used,
+                      &rt->count, [] { consumers_sync(); });
+  }
   if (threadIdx.x == 0) PD_TRACE_CLK(4);
   if (blockIdx.x == 0) {
+    const int* used = a.rows == 1 ? rt->sel : rt->used;
+    const int count = a.rows == 1 ? K : rt->count;
     for (int i = static_cast<int>(threadIdx.x); i < a.rows * K; i += kConsumers * 32) {
       a.sel[i] = rt->sel[i];
       a.wts[i] = rt->wts[i];
     }
-    for (int i = static_cast<int>(threadIdx.x); i < rt->count; i += kConsumers * 32) a.used[i] = rt->used[i];
+    for (int i = static_cast<int>(threadIdx.x); i < count; i += kConsumers * 32) a.used[i] = used[i];
     if (threadIdx.x == 0) {
-      *a.count = rt->count;
-      if (m.experts_read != nullptr) atomicAdd(m.experts_read, static_cast<unsigned long long>(rt->count));
+      *a.count = count;
+      if (m.experts_read != nullptr) atomicAdd(m.experts_read, static_cast<unsigned long long>(count));
     }
   }
 }
 
-// Named barriers of the gate/up kernel besides consumers_sync (1): the route is ready for the producer (2:
-// the consumers arrive, the producer waits); the block's router outputs are written (3: the consumers
-// arrive, the producer waits); the grid barrier is passed (4: the producer arrives, the warps that route
-// rows 1.. wait); row 0 is routed (5: the producer arrives, the consumers wait).
+// Named barriers of the gate/up kernel besides consumers_sync (1): the used list is ready for the producer
+// (2, steps of several rows: the consumers arrive, the producer waits); the block's router outputs are
+// written (3: the consumers arrive, the producer waits); the grid barrier is passed (4: the producer arrives,
+// the warps that route rows 1.. wait); row 0 is routed (5: the producer arrives, the consumers wait).
 enum RouteBarrier { kRouteReady = 2, kRouterOutputs = 3, kGridPassed = 4, kRowZeroRouted = 5 };
 template <int ID>
 __device__ __forceinline__ void named_arrive(int threads) {
@@ -356,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     auto fill = [&](int64_t t) {
       const UpTile tile = up_tile(t, shared_tiles, tiles);
       const bool shared = tile.u < 0;
-      const int e = shared ? 0 : route.used[tile.u];
+      const int e = shared ? 0 : (a.rows == 1 ? route.sel : route.used)[tile.u];
       tiles_of.fill(ring, &f, lane, shared, Half{shared ? &m.sh_gate : &m.gate, e, tile.n0},
                     Half{shared ? &m.sh_up : &m.up, e, tile.n0});
     };
@@ -377,8 +383,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     if (a.rows > 1) named_arrive<kGridPassed>(32 * a.rows);
     route_one_row(a, 0, &route);
     named_arrive<kRowZeroRouted>(kThreads);
-    route_ready_wait();
-    const int64_t total = shared_tiles + static_cast<int64_t>(route.count) * tiles;
+    int count = m.top_k;  // one row: its selection is the used list (distinct, ascending)
+    if (a.rows == 1) {
+      __syncwarp();  // the route's lanes wrote route.sel
+    } else {
+      route_ready_wait();
+      count = route.count;
+    }
+    const int64_t total = shared_tiles + static_cast<int64_t>(count) * tiles;
     for (; t < total; t += G) fill(t);
     return;
   }
@@ -413,9 +425,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   if (threadIdx.x == 0) PD_TRACE_CLK(3);
   publish_route(a, &route);
   PD_TRACE_STAMP(5);
-  route_ready_arrive();
-  const int count = route.count;
-  build_slots(a, route.sel, route.wts, route.used, count, &table);
+  if (a.rows > 1) route_ready_arrive();
+  const int count = a.rows == 1 ? m.top_k : route.count;
+  build_slots(a, route.sel, route.wts, a.rows == 1 ? route.sel : route.used, count, &table);
   PD_TRACE_STAMP(6);
   const int64_t total = shared_tiles + static_cast<int64_t>(count) * tiles;
   // act of tile t's 8 outputs for every row, from partial slot `slot`, by the 64 threads id.

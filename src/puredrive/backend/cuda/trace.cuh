@@ -21,8 +21,8 @@ enum Kernel : uint32_t {
   kGemvStreamAffine,
   kMoeUp,
   kMoeDown,
-  kGdnConv,
-  kGdnRecurrent,
+  kGdnConv,       // no longer launched (the conv runs in the GDN step); kept so that kinds keep their numbers
+  kGdnRecurrent,  // the GDN step (conv, recurrence, gated norm)
   kQkNormRope,
   kAttnDecode,
   kAttnMerge,
