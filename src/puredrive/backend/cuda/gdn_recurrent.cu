@@ -28,6 +28,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kMaxSplit = 4;
+constexpr int kShortConv = 4;   // conv taps of the kernels' short windows
 constexpr int kMaxCluster = 8;  // blocks per cluster (the portable limit): GQA ratio x split
 constexpr int kRowGroup = 8;   // rows whose inputs are loaded and normalised together (PD_GDN_ROW_GROUP=0: 1)
 constexpr int kMaxWarps = 16;  // 512 threads
@@ -58,41 +59,43 @@ __device__ __forceinline__ void block_sums(float v[N], float (*red)[kMaxWarps], 
   __syncthreads();
 }
 
-// One conv channel c: win, its last Kc - 1 inputs (oldest first; an array of kMaxConvKernel indexed by
-// constants only, so that it stays in registers), and its Kc taps w (global memory, read per row: in
-// registers, three channels' taps made the verify kernels spill).
-__device__ __forceinline__ void conv_load(const GdnLaunch& g, int64_t C, int64_t c,
-                                          float (&win)[kMaxConvKernel]) {
+// One conv channel c: win, its last Kc - 1 inputs (oldest first), and its Kc taps w (global memory, read per
+// row: in registers, three channels' taps made the verify kernels spill). KC >= Kc sizes the window, an array
+// indexed by constants only, so that it stays in registers: a window of kMaxConvKernel where Kc is 4 made the
+// grouped kernels spill too.
+template <int KC>
+__device__ __forceinline__ void conv_load(const GdnLaunch& g, int64_t C, int64_t c, float (&win)[KC]) {
 #pragma unroll
-  for (int j = 0; j < kMaxConvKernel; ++j) win[j] = j < g.conv_kernel - 1 ? g.conv_state[j * C + c] : 0.0f;
+  for (int j = 0; j < KC; ++j) win[j] = j < g.conv_kernel - 1 ? g.conv_state[j * C + c] : 0.0f;
 }
 // silu(sum_j w[j] win[j]) with x as the newest input, taps in ascending order; x enters the window.
-__device__ __forceinline__ float conv_step(float x, int kc, float (&win)[kMaxConvKernel], const float* w) {
+template <int KC>
+__device__ __forceinline__ float conv_step(float x, int kc, float (&win)[KC], const float* w) {
 #pragma unroll
-  for (int j = 0; j < kMaxConvKernel; ++j) {
+  for (int j = 0; j < KC; ++j) {
     if (j == kc - 1) win[j] = x;
   }
   float acc = __ldg(w) * win[0];
 #pragma unroll
-  for (int j = 1; j < kMaxConvKernel; ++j) {
+  for (int j = 1; j < KC; ++j) {
     if (j < kc) acc = acc + __ldg(w + j) * win[j];
   }
 #pragma unroll
-  for (int j = 0; j + 1 < kMaxConvKernel; ++j) {
+  for (int j = 0; j + 1 < KC; ++j) {
     if (j < kc - 1) win[j] = win[j + 1];
   }
   return siluf_(acc);
 }
 // The window to dst[j * C + c] (the conv state's layout, or a row's snapshot).
-__device__ __forceinline__ void conv_store(float* dst, int64_t C, int64_t c, int kc,
-                                           const float (&win)[kMaxConvKernel]) {
+template <int KC>
+__device__ __forceinline__ void conv_store(float* dst, int64_t C, int64_t c, int kc, const float (&win)[KC]) {
 #pragma unroll
-  for (int j = 0; j + 1 < kMaxConvKernel; ++j) {
+  for (int j = 0; j + 1 < KC; ++j) {
     if (j < kc - 1) dst[j * C + c] = win[j];
   }
 }
 
-template <int RPT, int G>
+template <int RPT, int G, int KC>
 __global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int rows, int split) {
   PD_TRACE_SCOPE(kGdnRecurrent, rows);
   pdl_enter();
@@ -105,6 +108,7 @@ __global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int 
   __shared__ float qs[G][RPT * kParts], ks[G][RPT * kParts];
   __shared__ float red[2 * G][kMaxWarps];
   __shared__ float tot[2 * G];
+  __shared__ float beta_s[G], alpha_s[G];  // the group's gates (per head: one thread per row)
   __shared__ float o_part[kGdnChunk];  // this block's sum of o^2 per row
   extern __shared__ float o_raw[];     // [rows][cols]: readout before the gated norm
   const int h = static_cast<int>(blockIdx.x) / split;
@@ -121,7 +125,7 @@ __global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int 
   const int rank_base = (h % (g.num_v_heads / g.num_k_heads)) * split;  // this head's first cluster rank
   const bool qk_owner = rank_base + c == 0;                             // writes q and k's windows
   const int cq = kh * Dk + tid, ck = key_dim + kh * Dk + tid, cv = 2 * key_dim + h * Dv + j;
-  float win_q[kMaxConvKernel], win_k[kMaxConvKernel], win_v[kMaxConvKernel];
+  float win_q[KC], win_k[KC], win_v[KC];
   if (tid < Dk) {
     conv_load(g, C, cq, win_q);
     conv_load(g, C, ck, win_k);
@@ -141,19 +145,25 @@ __global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int 
   const float q_scale = static_cast<float>(1.0 / sqrt(static_cast<double>(Dk)));
   for (int first = 0; first < rows; first += G) {
     const int n = min(G, rows - first);
-    // The group's inputs, all loads in flight together; then the conv, row by row, q and k raw into shared
-    // memory.
-    float xq[G], xk[G], vv[G], bv[G], av[G];
+    // The group's inputs, all loads in flight together, q and k raw into this thread's slots of shared memory
+    // (in registers, they made the grouped kernels spill: 8.9 us per row instead of 3.5, ncu); then the conv,
+    // row by row.
+    float vv[G];
 #pragma unroll
     for (int r = 0; r < G; ++r) {
       const bool ok = r < n;
       const int64_t gr = r0 + first + r;
       const float* x = g.qkv + gr * g.qkv_stride;
-      xq[r] = ok && tid < Dk ? x[cq] : 0.0f;
-      xk[r] = ok && tid < Dk ? x[ck] : 0.0f;
+      if (tid < Dk) {
+        qs[r][tid] = ok ? x[cq] : 0.0f;
+        ks[r][tid] = ok ? x[ck] : 0.0f;
+      }
       vv[r] = ok ? x[cv] : 0.0f;
-      bv[r] = ok ? g.b[gr * g.b_stride + h] : 0.0f;
-      av[r] = ok ? g.a[gr * g.a_stride + h] : 0.0f;
+    }
+    if (tid < n) {  // read after the barriers of the block sums below
+      const int64_t gr = r0 + first + tid;
+      beta_s[tid] = sigmoidf_(g.b[gr * g.b_stride + h]);
+      alpha_s[tid] = expf(neg_a * softplusf_(g.a[gr * g.a_stride + h] + dt_bias));
     }
     float sq[2 * G];
 #pragma unroll
@@ -162,8 +172,8 @@ __global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int 
       if (r < n) {
         float* snap = g.snap_conv != nullptr ? g.snap_conv + (r0 + first + r) * g.snap_conv_stride : nullptr;
         if (tid < Dk) {
-          qv = conv_step(xq[r], kc, win_q, taps_q);
-          kv = conv_step(xk[r], kc, win_k, taps_k);
+          qv = conv_step(qs[r][tid], kc, win_q, taps_q);
+          kv = conv_step(ks[r][tid], kc, win_k, taps_k);
           if (snap != nullptr && qk_owner) {
             conv_store(snap, C, cq, kc, win_q);
             conv_store(snap, C, ck, kc, win_k);
@@ -194,8 +204,7 @@ __global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int 
       o2[r] = 0.0f;
       if (r >= n) continue;
       const int64_t gr = r0 + first + r;
-      const float beta = sigmoidf_(bv[r]);
-      const float alpha = expf(neg_a * softplusf_(av[r] + dt_bias));
+      const float beta = beta_s[r], alpha = alpha_s[r];
       float kvp = 0.0f;
 #pragma unroll
       for (int ii = 0; ii < RPT; ++ii) {
@@ -282,10 +291,17 @@ void launch_split(const GdnLaunch& g, int r0, int rows, int split, cudaStream_t 
   // One-row steps take groups of one: the group's registers cost them about 1% of a step
   // (bench/results/2026-12-03-h200-6398cc3.md), and the sums are the same either way.
   static const bool grouped = env_switch_on("PD_GDN_ROW_GROUP");
+  // Conv windows of 4 (every published model's Kc) or of kMaxConvKernel.
+  const bool short_conv = g.conv_kernel <= kShortConv;
   if (grouped && rows > 1) {
-    cudaLaunchKernelEx(&cfg, gdn_step_kernel<RPT, kRowGroup>, g, r0, rows, split);
+    cudaLaunchKernelEx(&cfg,
+                       short_conv ? gdn_step_kernel<RPT, kRowGroup, kShortConv>
+                                  : gdn_step_kernel<RPT, kRowGroup, kMaxConvKernel>,
+                       g, r0, rows, split);
   } else {
-    cudaLaunchKernelEx(&cfg, gdn_step_kernel<RPT, 1>, g, r0, rows, split);
+    cudaLaunchKernelEx(
+        &cfg, short_conv ? gdn_step_kernel<RPT, 1, kShortConv> : gdn_step_kernel<RPT, 1, kMaxConvKernel>, g,
+        r0, rows, split);
   }
 }
 
