@@ -284,10 +284,17 @@ TEST_F(CudaOps, GatedDeltaNetMatchesCpuAndIsRowExact) {
                                         .k_head_dim = 128,
                                         .v_head_dim = 128,
                                         .conv_kernel = 4,
+                                        .eps = 1e-6f}},
+                                      // A conv of other than 4 taps takes the kernels' long windows.
+                                      {{.num_k_heads = 2,
+                                        .num_v_heads = 4,
+                                        .k_head_dim = 16,
+                                        .v_head_dim = 16,
+                                        .conv_kernel = 6,
                                         .eps = 1e-6f}}};
   for (const GdnCase& c : cases) {
     const GdnDims& d = c.dims;
-    SCOPED_TRACE(fmt::format("Dk={}", d.k_head_dim));
+    SCOPED_TRACE(fmt::format("Dk={} Kc={}", d.k_head_dim, d.conv_kernel));
     const int64_t C = 2 * int64_t{d.num_k_heads} * d.k_head_dim + int64_t{d.num_v_heads} * d.v_head_dim;
     const int64_t vd = int64_t{d.num_v_heads} * d.v_head_dim;
     const int64_t S = vd * d.k_head_dim;

@@ -28,7 +28,11 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kMaxSplit = 4;
-constexpr int kShortConv = 4;   // conv taps of the kernels' short windows
+// The fast kernels: a conv of 4 taps (every published model's) and at most 256 threads per block, so that the
+// taps are a constant and ptxas may take 255 registers (under a 512-thread bound, 128: the kernels spilled).
+// The others take windows of kMaxConvKernel and the tap count at run time.
+constexpr int kFastConv = 4;
+constexpr int kFastThreads = 256;
 constexpr int kMaxCluster = 8;  // blocks per cluster (the portable limit): GQA ratio x split
 constexpr int kRowGroup = 8;   // rows whose inputs are loaded and normalised together (PD_GDN_ROW_GROUP=0: 1)
 constexpr int kMaxWarps = 16;  // 512 threads
@@ -61,8 +65,7 @@ __device__ __forceinline__ void block_sums(float v[N], float (*red)[kMaxWarps], 
 
 // One conv channel c: win, its last Kc - 1 inputs (oldest first), and its Kc taps w (global memory, read per
 // row: in registers, three channels' taps made the verify kernels spill). KC >= Kc sizes the window, an array
-// indexed by constants only, so that it stays in registers: a window of kMaxConvKernel where Kc is 4 made the
-// grouped kernels spill too.
+// indexed by constants only, so that it stays in registers.
 template <int KC>
 __device__ __forceinline__ void conv_load(const GdnLaunch& g, int64_t C, int64_t c, float (&win)[KC]) {
 #pragma unroll
@@ -95,8 +98,10 @@ __device__ __forceinline__ void conv_store(float* dst, int64_t C, int64_t c, int
   }
 }
 
-template <int RPT, int G, int KC>
-__global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int rows, int split) {
+template <int RPT, int G, bool FAST>
+__global__ void __launch_bounds__(FAST ? kFastThreads : 512)
+    gdn_step_kernel(GdnLaunch g, int r0, int rows, int split) {
+  constexpr int KC = FAST ? kFastConv : kMaxConvKernel;
   PD_TRACE_SCOPE(kGdnRecurrent, rows);
   pdl_enter();
   PD_TRACE_STAMP(0);
@@ -109,8 +114,8 @@ __global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int 
   __shared__ float red[2 * G][kMaxWarps];
   __shared__ float tot[2 * G];
   __shared__ float beta_s[G], alpha_s[G];  // the group's gates (per head: one thread per row)
-  __shared__ float o_part[kGdnChunk];  // this block's sum of o^2 per row
-  extern __shared__ float o_raw[];     // [rows][cols]: readout before the gated norm
+  __shared__ float o_part[kGdnChunk];      // this block's sum of o^2 per row
+  extern __shared__ float o_raw[];         // [rows][cols]: readout before the gated norm
   const int h = static_cast<int>(blockIdx.x) / split;
   const int c = static_cast<int>(blockIdx.x) % split;  // == cluster.block_rank()
   const int kh = h / (g.num_v_heads / g.num_k_heads);
@@ -121,7 +126,7 @@ __global__ void __launch_bounds__(512) gdn_step_kernel(GdnLaunch g, int r0, int 
   const int key_dim = g.num_k_heads * Dk;
   const int C = 2 * key_dim + g.num_v_heads * Dv;
   const int64_t head_size = static_cast<int64_t>(Dk) * Dv;
-  const int kc = g.conv_kernel;
+  const int kc = FAST ? kFastConv : g.conv_kernel;
   const int rank_base = (h % (g.num_v_heads / g.num_k_heads)) * split;  // this head's first cluster rank
   const bool qk_owner = rank_base + c == 0;                             // writes q and k's windows
   const int cq = kh * Dk + tid, ck = key_dim + kh * Dk + tid, cv = 2 * key_dim + h * Dv + j;
@@ -291,17 +296,14 @@ void launch_split(const GdnLaunch& g, int r0, int rows, int split, cudaStream_t 
   // One-row steps take groups of one: the group's registers cost them about 1% of a step
   // (bench/results/2026-12-03-h200-6398cc3.md), and the sums are the same either way.
   static const bool grouped = env_switch_on("PD_GDN_ROW_GROUP");
-  // Conv windows of 4 (every published model's Kc) or of kMaxConvKernel.
-  const bool short_conv = g.conv_kernel <= kShortConv;
+  const bool fast = g.conv_kernel == kFastConv && cfg.blockDim.x <= kFastThreads;
   if (grouped && rows > 1) {
     cudaLaunchKernelEx(&cfg,
-                       short_conv ? gdn_step_kernel<RPT, kRowGroup, kShortConv>
-                                  : gdn_step_kernel<RPT, kRowGroup, kMaxConvKernel>,
+                       fast ? gdn_step_kernel<RPT, kRowGroup, true> : gdn_step_kernel<RPT, kRowGroup, false>,
                        g, r0, rows, split);
   } else {
-    cudaLaunchKernelEx(
-        &cfg, short_conv ? gdn_step_kernel<RPT, 1, kShortConv> : gdn_step_kernel<RPT, 1, kMaxConvKernel>, g,
-        r0, rows, split);
+    cudaLaunchKernelEx(&cfg, fast ? gdn_step_kernel<RPT, 1, true> : gdn_step_kernel<RPT, 1, false>, g, r0,
+                       rows, split);
   }
 }
 
