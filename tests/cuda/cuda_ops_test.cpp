@@ -412,6 +412,7 @@ TEST_F(CudaOps, GatedDeltaNetRefusesMoreThanEightValueHeadsPerKeyHead) {
                                           .dt_bias = dt_bias,
                                           .norm = norm,
                                           .state = {.conv = conv.tensor(), .recurrent = rec.tensor()},
+                                          .snapshots = {},
                                           .out = out.tensor()});
   ASSERT_FALSE(s.is_ok());
   EXPECT_EQ(s.code(), ErrorCode::kUnsupported);
