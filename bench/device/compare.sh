@@ -8,7 +8,7 @@
 # too, default PD_QUANTS), PD_CONTEXTS (default 2k), PD_ROUNDS (default 2), PD_TOKENS (default 256),
 # PD_TESTS (test binaries), PD_TEST_S (seconds per test binary, default 300), PD_SKIP_TESTS=1,
 # PD_SKIP_CHECK=1, PD_CHECK_S (seconds per `check`, default 60), PD_NCU_QUANTS (candidate only, default
-# none) with PD_NCU_CONTEXTS (default 2k; --fill auto) and PD_NCU_ROWS (rows of the profiled step, default 1) and PD_NCU_DETAIL (kernel-name regex for
+# none; PD_NCU_BUNDLES="cand base" for the baseline too) with PD_NCU_CONTEXTS (default 2k; --fill auto) and PD_NCU_ROWS (rows of the profiled step, default 1) and PD_NCU_DETAIL (kernel-name regex for
 # full ncu sections; PD_NCU_SECTIONS replaces the default list of --section options), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk), PD_CAND_LONG (contexts for one more candidate bf16 bench, --fill auto: synthetic
 # above 64K, e.g. 32k,128k,256k; default none; PD_BASE_LONG: the same for the baseline), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
 # MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle, default 2.3, in every cell of the
@@ -159,15 +159,20 @@ for b in cand base; do
   echo "$b long-context bench rc=$?" | tee -a "$out/summary.txt"
   tail -8 "$det/bench_${b}_long.log" | tee -a "$out/summary.txt"
 done
-for q in ${PD_NCU_QUANTS:-}; do
+# PD_NCU_BUNDLES="cand base": profile the baseline too (default: the candidate only); its files and lines say
+# "base".
+for nb in ${PD_NCU_BUNDLES:-cand}; do
+ [ -d build/$nb ] || continue
+ for q in ${PD_NCU_QUANTS:-}; do
  for ctx in ${PD_NCU_CONTEXTS:-2k}; do
  for nr in ${PD_NCU_ROWS:-1}; do
   tag=${q}_r$nr; [ "$ctx" = 2k ] || tag=${q}_${ctx}_r$nr
+  [ "$nb" = cand ] || tag=${nb}_$tag
   cell=(--synth qwen3.5-35b-a3b --quant "$q" --contexts "$ctx" --fill auto --tokens 4 --verify-iters 1
     --profile-steps 1 --profile-rows "$nr")
   ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_decode_step/ \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
-    --log-file "$det/ncu_$tag.csv" env LD_LIBRARY_PATH=$root/build/cand/lib build/cand/bin/puredrive_device bench \
+    --log-file "$det/ncu_$tag.csv" env LD_LIBRARY_PATH=$root/build/$nb/lib build/$nb/bin/puredrive_device bench \
     "${cell[@]}" >/dev/null 2>&1
   # PD_NCU_DETAIL=regex: the full sections (occupancy, stalls, memory) of the first launch of each matching kernel.
   if [ -n "${PD_NCU_DETAIL:-}" ]; then
@@ -175,11 +180,13 @@ for q in ${PD_NCU_QUANTS:-}; do
       --kernel-name "regex:${PD_NCU_DETAIL}" --launch-count "${PD_NCU_DETAIL_N:-6}" \
       ${PD_NCU_SECTIONS:---section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section MemoryWorkloadAnalysis --section SchedulerStats --section ComputeWorkloadAnalysis} \
-      --log-file "$det/ncu_detail_$tag.txt" env LD_LIBRARY_PATH=$root/build/cand/lib \
-      build/cand/bin/puredrive_device bench "${cell[@]}" >/dev/null 2>&1
+      --log-file "$det/ncu_detail_$tag.txt" env LD_LIBRARY_PATH=$root/build/$nb/lib \
+      build/$nb/bin/puredrive_device bench "${cell[@]}" >/dev/null 2>&1
     cp "$det/ncu_detail_$tag.txt" "$out/" 2>/dev/null
   fi
-  python3 bench/device/ncu_summary.py "$det/ncu_$tag.csv" "$q ctx $ctx R=$nr" | tee -a "$out/summary.txt"
+  label="$q ctx $ctx R=$nr"; [ "$nb" = cand ] || label="$nb $label"
+  python3 bench/device/ncu_summary.py "$det/ncu_$tag.csv" "$label" | tee -a "$out/summary.txt"
+ done
  done
  done
 done
