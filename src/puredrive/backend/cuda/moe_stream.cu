@@ -82,6 +82,10 @@ struct Route {
   int count;
   uint32_t bits[kMaxExpertWords];
   int before[kMaxExpertWords];
+  // The used experts of a step of `rows` rows: one row's selection is already the list (distinct, sorted by
+  // id), so steps of one row build none.
+  __device__ const int* used_list(int rows) const { return rows == 1 ? sel : used; }
+  __device__ int used_count(int rows, int top_k) const { return rows == 1 ? top_k : count; }
 };
 
 // Every block of the grid (all resident) waits here until all have arrived; called by one thread per block.
@@ -128,9 +132,8 @@ __device__ __forceinline__ void route_one_row(const MoeStreamArgs& a, int r, Rou
             rt->sel + r * m.top_k, rt->wts + r * m.top_k);
 }
 
-// Every row routed: the used experts, and block 0 writes the route for the down kernel (the consumers). One
-// row's selection is already the list (distinct, sorted by id): no list is built, and the producer starts
-// the routed tiles without waiting for it.
+// Every row routed: the used experts (Route::used_list), and block 0 writes the route for the down kernel
+// (the consumers). A one-row step's producer starts the routed tiles without waiting for this.
 __device__ __forceinline__ void publish_route(const MoeStreamArgs& a, Route* rt) {
   const MoeLaunch& m = a.m;
   const int K = m.top_k;
@@ -140,8 +143,8 @@ __device__ __forceinline__ void publish_route(const MoeStreamArgs& a, Route* rt)
   }
   if (threadIdx.x == 0) PD_TRACE_CLK(4);
   if (blockIdx.x == 0) {
-    const int* used = a.rows == 1 ? rt->sel : rt->used;
-    const int count = a.rows == 1 ? K : rt->count;
+    const int* used = rt->used_list(a.rows);
+    const int count = rt->used_count(a.rows, K);
     for (int i = static_cast<int>(threadIdx.x); i < a.rows * K; i += kConsumers * 32) {
       a.sel[i] = rt->sel[i];
       a.wts[i] = rt->wts[i];
@@ -362,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     auto fill = [&](int64_t t) {
       const UpTile tile = up_tile(t, shared_tiles, tiles);
       const bool shared = tile.u < 0;
-      const int e = shared ? 0 : (a.rows == 1 ? route.sel : route.used)[tile.u];
+      const int e = shared ? 0 : route.used_list(a.rows)[tile.u];
       tiles_of.fill(ring, &f, lane, shared, Half{shared ? &m.sh_gate : &m.gate, e, tile.n0},
                     Half{shared ? &m.sh_up : &m.up, e, tile.n0});
     };
@@ -383,14 +386,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     if (a.rows > 1) named_arrive<kGridPassed>(32 * a.rows);
     route_one_row(a, 0, &route);
     named_arrive<kRowZeroRouted>(kThreads);
-    int count = m.top_k;  // one row: its selection is the used list (distinct, ascending)
     if (a.rows == 1) {
-      __syncwarp();  // the route's lanes wrote route.sel
+      __syncwarp();  // the route's lanes wrote route.sel, the used list
     } else {
       route_ready_wait();
-      count = route.count;
     }
-    const int64_t total = shared_tiles + static_cast<int64_t>(count) * tiles;
+    const int64_t total = shared_tiles + static_cast<int64_t>(route.used_count(a.rows, m.top_k)) * tiles;
     for (; t < total; t += G) fill(t);
     return;
   }
@@ -426,8 +427,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   publish_route(a, &route);
   PD_TRACE_STAMP(5);
   if (a.rows > 1) route_ready_arrive();
-  const int count = a.rows == 1 ? m.top_k : route.count;
-  build_slots(a, route.sel, route.wts, a.rows == 1 ? route.sel : route.used, count, &table);
+  const int count = route.used_count(a.rows, m.top_k);
+  build_slots(a, route.sel, route.wts, route.used_list(a.rows), count, &table);
   PD_TRACE_STAMP(6);
   const int64_t total = shared_tiles + static_cast<int64_t>(count) * tiles;
   // act of tile t's 8 outputs for every row, from partial slot `slot`, by the 64 threads id.
