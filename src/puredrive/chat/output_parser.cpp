@@ -11,10 +11,6 @@ constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kToolOpen = "<tool_call>";
 constexpr std::string_view kToolClose = "</tool_call>";
 
-bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
 // Length of the longest suffix of `s` that is a proper prefix of `marker` (text that may still become it).
 size_t partial_marker_suffix(std::string_view s, std::string_view marker) {
   const size_t max = std::min(s.size(), marker.size() - 1);

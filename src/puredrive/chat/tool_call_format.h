@@ -15,6 +15,11 @@
 
 namespace pd::chat {
 
+// ASCII whitespace, as the chat templates' markup and Python's str.strip() take it.
+inline bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
 struct ToolCall {
   std::string id;
   std::string name;

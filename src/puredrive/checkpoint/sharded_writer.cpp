@@ -17,10 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
-
 }  // namespace
 
 PlannedTensor planned_tensor(std::string name, DType dtype, std::vector<int64_t> shape) {
@@ -115,7 +111,7 @@ Expected<std::unique_ptr<ShardedWriter>> ShardedWriter::create(const std::string
   if (ec) return make_error(ErrorCode::kIo, "{}: cannot create: {}", dir, ec.message());
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (ends_with(name, ".safetensors") || name == "model.safetensors.index.json") fs::remove(e.path(), ec);
+    if (name.ends_with(".safetensors") || name == "model.safetensors.index.json") fs::remove(e.path(), ec);
   }
   for (size_t s = 0; s < n; ++s) {
     w->paths_.push_back((fs::path(dir) / w->files_[s]).string());

@@ -9,10 +9,6 @@
 namespace pd {
 namespace {
 
-bool starts_with(const std::string& s, const char* p) {
-  return s.rfind(p, 0) == 0;
-}
-
 int64_t product(const std::vector<int64_t>& v) {
   int64_t n = 1;
   for (int64_t d : v) n *= d;
@@ -100,7 +96,7 @@ const TensorInfo* TensorBinder::find(const std::string& cname) const {
 
 std::string TensorBinder::display(const std::string& cname) const {
   for (const char* canon : {"model.", "mtp.", "lm_head."}) {
-    if (starts_with(cname, canon)) {
+    if (cname.starts_with(canon)) {
       auto it = stored_prefix_.find(canon);
       if (it != stored_prefix_.end()) return it->second + cname.substr(std::strlen(canon));
     }

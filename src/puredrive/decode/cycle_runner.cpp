@@ -3,14 +3,12 @@
 #include <chrono>
 #include <numeric>
 
+#include "puredrive/util/clock.h"
+
 namespace pd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 bool uses_uniforms(AcceptRule rule) {
   return rule == AcceptRule::kTokenwise || rule == AcceptRule::kBlock;

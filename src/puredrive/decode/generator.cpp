@@ -10,15 +10,12 @@
 
 #include "puredrive/decode/cycle_runner.h"
 #include "puredrive/decode/mtp_drafter.h"
+#include "puredrive/util/clock.h"
 
 namespace pd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 Status check_request(const DecodeRequest& r, int vocab, int ctx_size, int max_draft, bool has_drafter) {
   if (r.prompt.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty");

@@ -5,18 +5,11 @@
 #include <filesystem>
 #include <optional>
 
+#include "puredrive/util/clock.h"
 #include "puredrive/util/log.h"
 #include "puredrive/util/progress.h"
 
 namespace pd {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 Expected<std::unique_ptr<ModelSession>> ModelSession::open(const SessionOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -12,10 +12,6 @@
 namespace pd {
 namespace {
 
-bool starts_with(const std::string& s, const char* p) {
-  return s.rfind(p, 0) == 0;
-}
-
 // The qwen3_5_moe / qwen3_next half of binding: which tensors make up the model, in which layouts, and the
 // shape of each as the config implies; TensorBinder checks them and binds.
 class Binder {
@@ -219,7 +215,7 @@ Status Binder::bind_moe(const std::string& p, MoeWeights* w) {
   PD_ASSIGN_OR_RETURN(w->gate, matrix(p + "mlp.gate", {}, c_.num_experts, H));
   std::string layout;
   PD_TRY(bind_experts(p, w, &layout));
-  if (out_->expert_layout.empty() && starts_with(p, "model.")) out_->expert_layout = layout;
+  if (out_->expert_layout.empty() && p.starts_with("model.")) out_->expert_layout = layout;
   PD_ASSIGN_OR_RETURN(w->shared_gate_proj, matrix(p + "mlp.shared_expert.gate_proj", {}, Is, H));
   PD_ASSIGN_OR_RETURN(w->shared_up_proj, matrix(p + "mlp.shared_expert.up_proj", {}, Is, H));
   PD_ASSIGN_OR_RETURN(w->shared_down_proj, matrix(p + "mlp.shared_expert.down_proj", {}, H, Is));
@@ -244,7 +240,7 @@ Status Binder::bind_mtp() {
   bool present = false;
   int found_layers = 0;
   for (const std::string& name : t_.names()) {
-    if (!starts_with(name, "mtp.")) continue;
+    if (!name.starts_with("mtp.")) continue;
     present = true;
     int j = -1;
     if (std::sscanf(name.c_str(), "mtp.layers.%d.", &j) == 1) found_layers = std::max(found_layers, j + 1);
@@ -281,7 +277,7 @@ Status Binder::bind_mtp() {
 void Binder::finish_listing() {
   out_->tensors = t_.listing(
       [&](const std::string& cname) -> const char* {
-        return skip_mtp_ && starts_with(cname, "mtp.") ? "ignored (MTP not loaded)" : nullptr;
+        return skip_mtp_ && cname.starts_with("mtp.") ? "ignored (MTP not loaded)" : nullptr;
       },
       &out_->unused);
 }

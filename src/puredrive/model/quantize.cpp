@@ -25,12 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-bool starts_with(const std::string& s, const std::string& p) {
-  return s.rfind(p, 0) == 0;
-}
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
 bool is_float(DType t) {
   return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
 }
@@ -53,7 +47,7 @@ bool is_zero_centred_norm(const std::string& cname) {
     return true;
   }
   for (const char* s : kSuffixes) {
-    if (ends_with(cname, s)) return true;
+    if (cname.ends_with(s)) return true;
   }
   return false;
 }
@@ -74,7 +68,7 @@ struct PerExpertName {
 std::optional<PerExpertName> parse_per_expert(const std::string& cname) {
   static const std::string kMid = ".mlp.experts.";
   const size_t at = cname.find(kMid);
-  if (at == std::string::npos || !ends_with(cname, ".weight")) return std::nullopt;
+  if (at == std::string::npos || !cname.ends_with(".weight")) return std::nullopt;
   const size_t digits = at + kMid.size();
   size_t end = digits;
   while (end < cname.size() && cname[end] >= '0' && cname[end] <= '9') ++end;
@@ -155,12 +149,12 @@ struct PlanBuilder {
     job.row_elems = n == 0 ? 0 : n / job.rows;
     job.segments.push_back({t, 0, job.rows});
     std::vector<int64_t> shape = t->shape;
-    if (ends_with(cname, ".conv1d.weight") && shape.size() == 3 && shape[1] == 1 && shape[2] != 1) {
+    if (cname.ends_with(".conv1d.weight") && shape.size() == 3 && shape[1] == 1 && shape[2] != 1) {
       // HF [C, 1, K] -> MLX [C, K, 1]: the same bytes, since the moved axis has length 1.
       shape = {shape[0], shape[2], 1};
     }
     if (is_zero_centred_norm(cname) && shape.size() == 1) {
-      const bool shifted = starts_with(cname, "mtp.") ? mtp_shifted : main_shifted;
+      const bool shifted = cname.starts_with("mtp.") ? mtp_shifted : main_shifted;
       job.add_one = !shifted;
     }
     add_tensor(job.module, t->dtype, shape, &job);
@@ -187,7 +181,7 @@ struct PlanBuilder {
         ++vision;
         continue;
       }
-      if (ends_with(t.name, ".scales") || ends_with(t.name, ".biases") || t.dtype == DType::kU32) {
+      if (t.name.ends_with(".scales") || t.name.ends_with(".biases") || t.dtype == DType::kU32) {
         return make_error(
             ErrorCode::kUnsupported,
             "tensor '{}': the checkpoint is already quantized; quantize needs a float checkpoint", t.name);
@@ -201,7 +195,7 @@ struct PlanBuilder {
     // Same rule as the loader: MLX-sanitized files store conv1d as [C, K, 1] and experts as switch_mlp.
     main_shifted = by_cname.count("model.layers.0.mlp.switch_mlp.gate_proj.weight") > 0;
     for (const auto& [name, t] : by_cname) {
-      if (ends_with(name, ".conv1d.weight") && starts_with(name, "model.") && t->shape.size() == 3 &&
+      if (name.ends_with(".conv1d.weight") && name.starts_with("model.") && t->shape.size() == 3 &&
           t->shape[1] != t->shape[2]) {
         main_shifted = t->shape[2] == 1;
         break;
@@ -222,7 +216,7 @@ struct PlanBuilder {
         plan.notices.push_back("lm_head.weight dropped: tie_word_embeddings is true (mlx-lm drops it too)");
         continue;
       }
-      if (ends_with(cname, ".mlp.experts.gate_up_proj") || ends_with(cname, ".mlp.experts.down_proj")) {
+      if (cname.ends_with(".mlp.experts.gate_up_proj") || cname.ends_with(".mlp.experts.down_proj")) {
         PD_TRY(check_float(t));
         if (t->shape.size() != 3) {
           return make_error(ErrorCode::kInvalidArgument, "tensor '{}': fused experts must be 3-D, found {}",
@@ -230,7 +224,7 @@ struct PlanBuilder {
         }
         const std::string p = cname.substr(0, cname.size() - std::strlen("experts.gate_up_proj"));
         const int64_t E = t->shape[0], R = t->shape[1], C = t->shape[2];
-        if (ends_with(cname, "down_proj")) {
+        if (cname.ends_with("down_proj")) {
           PD_TRY(add_matrix(
               cname.substr(0, cname.size() - std::strlen("experts.down_proj")) + "switch_mlp.down_proj",
               {{t, 0, E * R}}, {E, R, C}, t->dtype));
@@ -250,8 +244,8 @@ struct PlanBuilder {
         continue;
       }
       PD_TRY(check_float(t));
-      const std::string module = ends_with(cname, ".weight") ? cname.substr(0, cname.size() - 7) : cname;
-      if (ends_with(cname, ".weight") && t->shape.size() >= 2 &&
+      const std::string module = cname.ends_with(".weight") ? cname.substr(0, cname.size() - 7) : cname;
+      if (cname.ends_with(".weight") && t->shape.size() >= 2 &&
           classify_module(module) != ModuleClass::kOther) {
         const int64_t rows = t->numel() / t->shape.back();
         PD_TRY(add_matrix(module, {{t, 0, rows}}, t->shape, t->dtype));
@@ -469,33 +463,33 @@ ModuleClass classify_module(const std::string& m) {
   if (m == "model.embed_tokens") return ModuleClass::kEmbedding;
   if (m == "lm_head") return ModuleClass::kLmHead;
   if (m == "mtp.fc") return ModuleClass::kMtpFc;
-  if (ends_with(m, ".mlp.gate") || ends_with(m, ".mlp.shared_expert_gate")) return ModuleClass::kRouter;
+  if (m.ends_with(".mlp.gate") || m.ends_with(".mlp.shared_expert_gate")) return ModuleClass::kRouter;
   const size_t dot = m.rfind('.');
   if (dot == std::string::npos) return ModuleClass::kOther;
   const std::string parent = m.substr(0, dot), leaf = m.substr(dot + 1);
   auto in = [&](std::initializer_list<const char*> names) {
     return std::any_of(names.begin(), names.end(), [&](const char* n) { return leaf == n; });
   };
-  if (ends_with(parent, ".self_attn") && in({"q_proj", "k_proj", "v_proj", "o_proj"})) {
+  if (parent.ends_with(".self_attn") && in({"q_proj", "k_proj", "v_proj", "o_proj"})) {
     return ModuleClass::kAttention;
   }
-  if (ends_with(parent, ".linear_attn") &&
+  if (parent.ends_with(".linear_attn") &&
       in({"in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"})) {
     return ModuleClass::kGdn;
   }
-  if (ends_with(parent, ".mlp.shared_expert") && in({"gate_proj", "up_proj", "down_proj"})) {
+  if (parent.ends_with(".mlp.shared_expert") && in({"gate_proj", "up_proj", "down_proj"})) {
     return ModuleClass::kSharedExpert;
   }
   if (in({"gate_proj", "up_proj", "down_proj", "gate_up_proj"})) {
     // .mlp.switch_mlp.X, .mlp.experts.X (fused) or .mlp.experts.<e>.X
-    if (ends_with(parent, ".mlp.switch_mlp") || ends_with(parent, ".mlp.experts")) {
+    if (parent.ends_with(".mlp.switch_mlp") || parent.ends_with(".mlp.experts")) {
       return ModuleClass::kRoutedExperts;
     }
     const size_t d2 = parent.rfind('.');
     if (d2 != std::string::npos && d2 + 1 < parent.size() &&
         std::all_of(parent.begin() + static_cast<std::ptrdiff_t>(d2 + 1), parent.end(),
                     [](char ch) { return ch >= '0' && ch <= '9'; }) &&
-        ends_with(parent.substr(0, d2), ".mlp.experts")) {
+        parent.substr(0, d2).ends_with(".mlp.experts")) {
       return ModuleClass::kRoutedExperts;
     }
   }

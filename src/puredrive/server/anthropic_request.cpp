@@ -245,7 +245,7 @@ bool read_system(FieldReader& f, ChatPrompt* prompt) {
 }
 
 // Anthropic tools become OpenAI-style function tools, the form the chat templates and the output parser take.
-bool read_tools(FieldReader& f, ChatPrompt* prompt) {
+bool read_anthropic_tools(FieldReader& f, ChatPrompt* prompt) {
   const RequestJson* tools = f.find("tools");
   if (!tools) return true;
   if (!tools->is_array()) return f.type_error("tools", "an array");
@@ -431,9 +431,9 @@ std::optional<ApiError> parse_messages_request(std::string_view body, const Requ
   FieldReader f(j, "");
   if (!read_model(f, limits, &out->common.model)) return f.error();
   if (call == MessagesCall::kCreate && !read_generation_fields(f, out)) return f.error();
-  if (!read_messages(f, &out->prompt) || !read_system(f, &out->prompt) || !read_tools(f, &out->prompt) ||
-      !read_tool_choice(f, out) || !read_template_kwargs(f, &out->prompt.template_kwargs) ||
-      !read_thinking(f, call, out)) {
+  if (!read_messages(f, &out->prompt) || !read_system(f, &out->prompt) ||
+      !read_anthropic_tools(f, &out->prompt) || !read_tool_choice(f, out) ||
+      !read_template_kwargs(f, &out->prompt.template_kwargs) || !read_thinking(f, call, out)) {
     return f.error();
   }
   return std::nullopt;

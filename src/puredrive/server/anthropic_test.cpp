@@ -12,7 +12,7 @@ namespace {
 
 using nlohmann::json;
 
-RequestLimits limits() {
+RequestLimits messages_limits() {
   return RequestLimits{.model_names = {"m"}, .vocab_size = 1000};
 }
 
@@ -28,7 +28,7 @@ std::string body_with(const char* key, json value) {
   return j.dump();
 }
 
-struct BadCase {
+struct MessagesBadCase {
   const char* name;
   std::string body;
   int status;
@@ -44,7 +44,7 @@ TEST(MessagesRequestParser, RejectsBadInputWithAnthropicErrors) {
        json::array({{{"type", "tool_result"},
                      {"tool_use_id", "t1"},
                      {"content", json::array({{{"type", "image"}, {"source", json::object()}}})}}})}};
-  const std::vector<BadCase> cases = {
+  const std::vector<MessagesBadCase> cases = {
       {"empty body", "", 400, "", "", "empty"},
       {"malformed json", "{\"model\":", 400, "", "", "could not parse"},
       {"missing model", json{{"max_tokens", 4}, {"messages", json::array({kUser})}}.dump(), 400, "model",
@@ -144,7 +144,7 @@ TEST(MessagesRequestParser, RejectsBadInputWithAnthropicErrors) {
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     MessagesRequest req;
-    auto err = parse_messages_request(c.body, limits(), MessagesCall::kCreate, &req);
+    auto err = parse_messages_request(c.body, messages_limits(), MessagesCall::kCreate, &req);
     ASSERT_TRUE(err.has_value()) << "accepted";
     EXPECT_EQ(err->status, c.status) << err->message;
     EXPECT_EQ(err->param, c.param);
@@ -201,7 +201,7 @@ TEST(MessagesRequestParser, MapsAConversationOntoTheChatPrompt) {
       {"output_config", {{"effort", "high"}}},
   };
   MessagesRequest req;
-  auto err = parse_messages_request(body.dump(), limits(), MessagesCall::kCreate, &req);
+  auto err = parse_messages_request(body.dump(), messages_limits(), MessagesCall::kCreate, &req);
   ASSERT_FALSE(err) << err->message;
   const auto& msgs = req.prompt.messages;
   ASSERT_EQ(msgs.size(), 6u);
@@ -241,7 +241,7 @@ TEST(MessagesRequestParser, MapsAConversationOntoTheChatPrompt) {
 TEST(MessagesRequestParser, ThinkingAndToolChoiceForms) {
   auto parse = [](const std::string& body) {
     MessagesRequest req;
-    auto err = parse_messages_request(body, limits(), MessagesCall::kCreate, &req);
+    auto err = parse_messages_request(body, messages_limits(), MessagesCall::kCreate, &req);
     EXPECT_FALSE(err) << err->message;
     return req;
   };
@@ -269,7 +269,7 @@ TEST(MessagesRequestParser, ThinkingAndToolChoiceForms) {
   }
   tools["tool_choice"] = {{"type", "tool"}, {"name", "nope"}};
   MessagesRequest req;
-  auto err = parse_messages_request(tools.dump(), limits(), MessagesCall::kCreate, &req);
+  auto err = parse_messages_request(tools.dump(), messages_limits(), MessagesCall::kCreate, &req);
   ASSERT_TRUE(err);
   EXPECT_EQ(err->param, "tool_choice.name");
 }
@@ -277,10 +277,10 @@ TEST(MessagesRequestParser, ThinkingAndToolChoiceForms) {
 TEST(MessagesRequestParser, CountTokensNeedsNoMaxTokens) {
   const json body = {{"model", "m"}, {"messages", json::array({kUser})}, {"system", "s"}};
   MessagesRequest req;
-  EXPECT_FALSE(parse_messages_request(body.dump(), limits(), MessagesCall::kCountTokens, &req));
+  EXPECT_FALSE(parse_messages_request(body.dump(), messages_limits(), MessagesCall::kCountTokens, &req));
   EXPECT_EQ(req.prompt.messages.size(), 2u);
   MessagesRequest create;
-  auto err = parse_messages_request(body.dump(), limits(), MessagesCall::kCreate, &create);
+  auto err = parse_messages_request(body.dump(), messages_limits(), MessagesCall::kCreate, &create);
   ASSERT_TRUE(err);
   EXPECT_EQ(err->param, "max_tokens");
 }

@@ -4,6 +4,7 @@
 
 #include "puredrive/server/anthropic_format.h"
 #include "puredrive/server/stream_writer.h"
+#include "puredrive/util/clock.h"
 #include "puredrive/util/log.h"
 
 namespace pd::server {
@@ -18,10 +19,6 @@ constexpr size_t kMaxErrorMessageBytes = 2048;
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 Reply json_reply(int status, const Json& j) {

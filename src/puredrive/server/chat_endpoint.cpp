@@ -8,7 +8,7 @@
 namespace pd::server {
 namespace {
 
-constexpr std::string_view kEndpoint = "/v1/chat/completions";
+constexpr std::string_view kChatEndpoint = "/v1/chat/completions";
 
 ParsedOutput limit_calls(const ChatRequest& req, ParsedOutput parsed) {
   return limit_calls(req.parallel_tool_calls, std::move(parsed));
@@ -23,9 +23,9 @@ std::optional<Json> chat_logprobs(const ChatRequest& req, const std::vector<Toke
 
 Reply ApiService::chat_completions(std::string_view body, ClientConnection& client) {
   ChatRequest req;
-  if (auto err = parse_chat_request(body, limits_, &req)) return error(*err, kEndpoint);
+  if (auto err = parse_chat_request(body, limits_, &req)) return error(*err, kChatEndpoint);
   const std::string id = new_id("chatcmpl-");
-  auto rendered = render_prompt(req.prompt, kEndpoint, id);
+  auto rendered = render_prompt(req.prompt, kChatEndpoint, id);
   if (auto* reply = std::get_if<Reply>(&rendered)) return std::move(*reply);
   auto prompt = std::get<PromptTokens>(std::move(rendered));
 
@@ -35,7 +35,7 @@ Reply ApiService::chat_completions(std::string_view body, ClientConnection& clie
   g.sampling = req.common.sampling;
   g.logprobs = req.logprobs ? req.top_logprobs : -1;
   g.mtp = req.common.mtp;
-  auto admitted = admit(std::move(g), req.common.stop, req.common.max_tokens, kEndpoint);
+  auto admitted = admit(std::move(g), req.common.stop, req.common.max_tokens, kChatEndpoint);
   if (auto* reply = std::get_if<Reply>(&admitted)) return std::move(*reply);
   Admitted a = std::get<Admitted>(std::move(admitted));
   if (req.common.stream) return stream_chat(std::move(a), std::move(req), std::move(prompt));

@@ -7,13 +7,13 @@
 namespace pd::server {
 namespace {
 
-constexpr std::string_view kEndpoint = "/v1/completions";
+constexpr std::string_view kCompletionsEndpoint = "/v1/completions";
 
 }  // namespace
 
 Reply ApiService::completions(std::string_view body, ClientConnection& client) {
   CompletionRequest req;
-  if (auto err = parse_completion_request(body, limits_, &req)) return error(*err, kEndpoint);
+  if (auto err = parse_completion_request(body, limits_, &req)) return error(*err, kCompletionsEndpoint);
   const std::string id = new_id("cmpl-");
 
   GenerationRequest g;
@@ -23,14 +23,14 @@ Reply ApiService::completions(std::string_view body, ClientConnection& client) {
     g.prompt_ids = req.prompt_ids;
     if (req.echo) echo_text = frontend_.prompts->detokenize(req.prompt_ids);
   } else {
-    if (auto refusal = refuse_untokenizable(req.prompt_text.size(), "prompt", kEndpoint, id)) {
+    if (auto refusal = refuse_untokenizable(req.prompt_text.size(), "prompt", kCompletionsEndpoint, id)) {
       return std::move(*refusal);
     }
     auto tokens = frontend_.prompts->tokenize(req.prompt_text);
     if (!tokens) {
       ApiError e = error_from_status(tokens.status());
       e.param = "prompt";
-      return error(e, kEndpoint, id);
+      return error(e, kCompletionsEndpoint, id);
     }
     g.prompt_ids = std::move(tokens->ids);
     if (req.echo) echo_text = req.prompt_text;
@@ -38,7 +38,7 @@ Reply ApiService::completions(std::string_view body, ClientConnection& client) {
   g.sampling = req.common.sampling;
   g.logprobs = req.logprobs;
   g.mtp = req.common.mtp;
-  auto admitted = admit(std::move(g), req.common.stop, req.common.max_tokens, kEndpoint);
+  auto admitted = admit(std::move(g), req.common.stop, req.common.max_tokens, kCompletionsEndpoint);
   if (auto* reply = std::get_if<Reply>(&admitted)) return std::move(*reply);
   Admitted a = std::get<Admitted>(std::move(admitted));
   if (req.common.stream) return stream_completion(std::move(a), std::move(req), std::move(echo_text));

@@ -9,7 +9,7 @@
 namespace pd::server {
 namespace {
 
-constexpr std::string_view kEndpoint = "/v1/messages";
+constexpr std::string_view kMessagesEndpoint = "/v1/messages";
 constexpr std::string_view kCountEndpoint = "/v1/messages/count_tokens";
 
 MessageMeta message_meta(const ResponseMeta& meta) {
@@ -31,9 +31,9 @@ Reply ApiService::count_message_tokens(std::string_view body) {
 Reply ApiService::messages(std::string_view body, ClientConnection& client) {
   MessagesRequest req;
   if (auto err = parse_messages_request(body, limits_, MessagesCall::kCreate, &req))
-    return error(*err, kEndpoint);
+    return error(*err, kMessagesEndpoint);
   const std::string id = new_id("msg_");
-  auto rendered = render_prompt(req.prompt, kEndpoint, id);
+  auto rendered = render_prompt(req.prompt, kMessagesEndpoint, id);
   if (auto* reply = std::get_if<Reply>(&rendered)) return std::move(*reply);
   auto prompt = std::get<PromptTokens>(std::move(rendered));
 
@@ -41,7 +41,7 @@ Reply ApiService::messages(std::string_view body, ClientConnection& client) {
   g.id = id;
   g.prompt_ids = prompt.ids;
   g.sampling = req.common.sampling;
-  auto admitted = admit(std::move(g), req.common.stop, req.common.max_tokens, kEndpoint);
+  auto admitted = admit(std::move(g), req.common.stop, req.common.max_tokens, kMessagesEndpoint);
   if (auto* reply = std::get_if<Reply>(&admitted)) return std::move(*reply);
   Admitted a = std::get<Admitted>(std::move(admitted));
   if (req.common.stream) return stream_messages(std::move(a), std::move(req), std::move(prompt));

@@ -67,7 +67,7 @@ Expected<std::shared_ptr<ModelPromptBuilder>> load_builder(const std::string& di
   return ModelPromptBuilder::load(dir, std::move(tokenizer), {*im_end}, vocab_limit);
 }
 
-RequestLimits limits() {
+RequestLimits frontend_limits() {
   return RequestLimits{.model_names = {"m"}, .vocab_size = 151669};
 }
 
@@ -91,7 +91,7 @@ void compare_with_reference(const std::string& template_file) {
     ojson body = {{"model", "m"}, {"messages", c["messages"]}, {"chat_template_kwargs", c["kwargs"]}};
     if (!c["tools"].is_null()) body["tools"] = c["tools"];
     ChatRequest req;
-    if (auto err = parse_chat_request(body.dump(), limits(), &req))
+    if (auto err = parse_chat_request(body.dump(), frontend_limits(), &req))
       continue;  // e.g. image parts: refused by design
     auto prompt = (*builder)->render_chat(req.prompt);
     ASSERT_TRUE(prompt.has_value()) << name << ": " << prompt.status().message();
@@ -134,13 +134,9 @@ ChatRequest request_with(const json& extra) {
                {"tools", json::array({kWeather})}};
   body.update(extra);
   ChatRequest req;
-  auto err = parse_chat_request(body.dump(), limits(), &req);
+  auto err = parse_chat_request(body.dump(), frontend_limits(), &req);
   EXPECT_FALSE(err) << err->message;
   return req;
-}
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 TEST(ModelPromptBuilder, ForcedToolChoiceOpensTheCallInTheTemplatesMarkup) {
@@ -156,13 +152,13 @@ TEST(ModelPromptBuilder, ForcedToolChoiceOpensTheCallInTheTemplatesMarkup) {
     ASSERT_TRUE(named.has_value());
     const std::string text = (*b)->tokenizer().decode(named->ids);
     // Qwen3.5 opens <think> in the generation prompt; a forced call closes it first.
-    EXPECT_TRUE(ends_with(
-        text, "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n"))
+    EXPECT_TRUE(
+        text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n"))
         << text;
     EXPECT_EQ(named->assistant_prefix, "<tool_call>\n<function=get_weather>\n");
     EXPECT_FALSE(named->starts_in_reasoning);
     auto required = (*b)->render_chat(request_with({{"tool_choice", "required"}}).prompt);
-    EXPECT_TRUE(ends_with((*b)->tokenizer().decode(required->ids), "</think>\n\n<tool_call>\n"));
+    EXPECT_TRUE((*b)->tokenizer().decode(required->ids).ends_with("</think>\n\n<tool_call>\n"));
     auto none = (*b)->render_chat(request_with({{"tool_choice", "none"}}).prompt);
     EXPECT_EQ((*b)->tokenizer().decode(none->ids).find("<tools>"), std::string::npos);
     auto plain = (*b)->render_chat(request_with(json::object()).prompt);
@@ -177,8 +173,10 @@ TEST(ModelPromptBuilder, ForcedToolChoiceOpensTheCallInTheTemplatesMarkup) {
     auto named = (*b)->render_chat(
         request_with({{"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}})
             .prompt);
-    EXPECT_TRUE(ends_with((*b)->tokenizer().decode(named->ids),
-                          "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "));
+    EXPECT_TRUE(
+        (*b)->tokenizer()
+            .decode(named->ids)
+            .ends_with("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "));
   }
 }
 

@@ -4,11 +4,13 @@
 #include "puredrive/server/scheduler.h"
 #include "puredrive/server/stop_matcher.h"
 #include "puredrive/server/testing/test_engines.h"
+#include "puredrive/server/testing/test_server.h"
 
 namespace pd::server {
 namespace {
 
 using testing::GatedEngine;
+using testing::wait_until;
 using namespace std::chrono_literals;
 
 GenerationRequest request(std::string id, int32_t max_tokens = 100) {
@@ -39,15 +41,6 @@ Drained drain(RequestHandle& h, std::chrono::milliseconds timeout = 5s) {
     d.text += ev->output.text;
   }
   return d;
-}
-
-bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout = 5s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return cond();
 }
 
 TEST(Scheduler, RunsRequestsInArrivalOrder) {

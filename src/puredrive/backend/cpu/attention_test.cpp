@@ -16,7 +16,7 @@ struct AttnCase {
   std::vector<float> qg, k, v, q_norm, k_norm;  // [T, ...]
 };
 
-AttnCase make_case(std::mt19937& rng, int64_t tokens) {
+AttnCase make_attn_case(std::mt19937& rng, int64_t tokens) {
   AttnCase c;
   c.dims = {.num_heads = 4,
             .num_kv_heads = 2,
@@ -147,7 +147,7 @@ RunResult run(const AttnCase& c, const std::vector<int64_t>& steps, int threads,
 
 TEST(CpuAttention, MatchesNaiveReference) {
   std::mt19937 rng(20);
-  const AttnCase c = make_case(rng, 70);  // crosses the 64-entry conversion block
+  const AttnCase c = make_attn_case(rng, 70);  // crosses the 64-entry conversion block
   for (DType dt : {DType::kF32, DType::kBF16}) {
     const RunResult r = run(c, {5, 1, 60, 4}, 2, dt);
     const double err = test::rel_err(r.out, naive_attention(c, dt == DType::kBF16));
@@ -157,7 +157,7 @@ TEST(CpuAttention, MatchesNaiveReference) {
 
 TEST(CpuAttention, RowExactAndThreadIndependent) {
   std::mt19937 rng(21);
-  const AttnCase c = make_case(rng, 24);
+  const AttnCase c = make_attn_case(rng, 24);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     const RunResult one = run(c, std::vector<int64_t>(24, 1), 1, dt);
     for (const auto& steps : std::vector<std::vector<int64_t>>{{8, 8, 8}, {2, 3, 4, 5, 6, 4}, {24}}) {
@@ -174,7 +174,7 @@ TEST(CpuAttention, RowExactAndThreadIndependent) {
 TEST(CpuAttention, PositionOutsideCacheIsAnError) {
   std::mt19937 rng(22);
   auto be = test::cpu_backend(1);
-  const AttnCase c = make_case(rng, 1);
+  const AttnCase c = make_attn_case(rng, 1);
   const VectorId qn = be->bind_vector(c.q_norm, "q_norm").value();
   Buffer ck = be->alloc(DType::kF32, 4, 64).value(), cv = be->alloc(DType::kF32, 4, 64).value();
   Buffer qg = device_tensor(*be, DType::kF32, 1, 256, c.qg), k = device_tensor(*be, DType::kF32, 1, 64, c.k);
