@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using S = Shape<KB>;
   PD_TRACE_SCOPE(kGemvStream, rows);
   extern __shared__ __align__(128) uint8_t smem[];
-  const Ring<S> ring(smem);
+  const Ring<S> ring(smem, t.evict_first != 0);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t tiles = t.tile_end[t.count - 1];
   const int64_t tile_begin = blockIdx.x * tiles / gridDim.x, tile_stop = (blockIdx.x + 1) * tiles / gridDim.x;
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using S = AffineShape<KB, BITS>;
   PD_TRACE_SCOPE(kGemvStreamAffine, rows);
   extern __shared__ __align__(128) uint8_t smem[];
-  const Ring<S> ring(smem);
+  const Ring<S> ring(smem, t.evict_first != 0);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t tiles = t.tile_end[t.count - 1];
   const int64_t tile_begin = blockIdx.x * tiles / gridDim.x, tile_stop = (blockIdx.x + 1) * tiles / gridDim.x;
@@ -188,10 +188,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename S, auto Kernel>
 void launch_stream_kernel(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   static const int sms = prepare_kernel<S>(Kernel);
+  static const bool evict_first = env_switch_on("PD_L2_EVICT_FIRST");
   PD_TRACE_ENSURE();
   const int64_t tiles = t.tile_end[t.count - 1];
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
-  launch_pdl(Kernel, dim3(grid), dim3(kThreads), S::kSmemBytes, stream, t, x, xs, rows);
+  MmaTargets te = t;
+  te.evict_first = evict_first ? 1 : 0;
+  launch_pdl(Kernel, dim3(grid), dim3(kThreads), S::kSmemBytes, stream, te, x, xs, rows);
 }
 
 template <int KB, bool VEC>

@@ -330,6 +330,28 @@ __device__ __forceinline__ bool aligned_rows(const float* x, int64_t xs) {
   return reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
 }
 
+// Block b's share of the down weights the down kernel will read (the shared expert's and the used experts':
+// codes, and for affine weights scales and biases), into L2 by the producer warp. The gate/up kernel leaves
+// the DRAM idle for much of its time (its router, the grid barrier and the route come first; ncu: about 1.5
+// TB/s), and the down kernel, which starts when it ends, then reads them from L2.
+__device__ void prefetch_down(const MoeStreamArgs& a, const int* used, int count, int lane) {
+  const MoeLaunch& m = a.m;
+  for (int i = lane; i < 3 * (count + 1); i += 32) {
+    const int item = i / 3, part = i % 3;  // item 0: the shared expert, else used[item - 1]
+    const DevMatrix& d = item == 0 ? m.sh_down : m.down;
+    const bool affine = d.fmt == WFmt::kAffine;
+    if (part > 0 && !affine) continue;
+    const int64_t bytes =
+        part == 0 ? d.rows * d.cols * (affine ? d.bits : 16) / 8 : d.rows * meta_row_bytes(d);
+    const void* base = part == 0 ? d.data : part == 1 ? d.scales : d.biases;
+    const int64_t stride = part == 0 ? d.data_stride : d.scale_stride;
+    const uint8_t* p = expert_bytes(base, stride, item == 0 ? 0 : used[item - 1]);
+    const int64_t share = (bytes / gridDim.x + 15) / 16 * 16;
+    const int64_t off = blockIdx.x * share;
+    if (off < bytes) prefetch_l2(p + off, static_cast<uint32_t>(share < bytes - off ? share : bytes - off));
+  }
+}
+
 // Gate/up tiles: t < shared_tiles is the shared expert's tile t, else used expert (t - shared_tiles) / tiles
 // at tile (t - shared_tiles) % tiles; tiles of 8 intermediate rows.
 struct UpTile {
@@ -349,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ SlotTable table;
   __shared__ Route route;
-  const Ring<S> ring(smem);
+  const Ring<S> ring(smem, a.evict_first != 0);
   const MoeLaunch& m = a.m;
   const W tiles_of(m.gate);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
@@ -391,8 +413,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     } else {
       route_ready_wait();
     }
-    const int64_t total = shared_tiles + static_cast<int64_t>(route.used_count(a.rows, m.top_k)) * tiles;
+    const int used_count = route.used_count(a.rows, m.top_k);
+    if (a.prefetch_down == 1) prefetch_down(a, route.used_list(a.rows), used_count, lane);
+    const int64_t total = shared_tiles + static_cast<int64_t>(used_count) * tiles;
     for (; t < total; t += G) fill(t);
+    if (a.prefetch_down == 2) prefetch_down(a, route.used_list(a.rows), used_count, lane);
     return;
   }
 
@@ -503,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   PD_TRACE_SCOPE(kMoeDown, a.rows);
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ SlotTable table;
-  const Ring<S> ring(smem);
+  const Ring<S> ring(smem, a.evict_first != 0);
   const MoeLaunch& m = a.m;
   const W tiles_of(m.down);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
@@ -592,8 +617,10 @@ template <typename W>
 void launch_kernel(void (*kernel)(MoeStreamArgs), const MoeStreamArgs& a, int blocks, cudaStream_t stream) {
   PD_TRACE_ENSURE();
   static const int per = env_switch_on("PD_STREAM_PAIRS") ? kTilesPerSync : 1;
+  static const bool evict_first = env_switch_on("PD_L2_EVICT_FIRST");
   MoeStreamArgs b = a;
   b.tiles_per_sync = per;
+  b.evict_first = evict_first ? 1 : 0;
   launch_pdl(kernel, dim3(blocks), dim3(kThreads), W::S::kSmemBytes, stream, b);
 }
 
@@ -601,8 +628,13 @@ template <typename W>
 void launch_up(const MoeStreamArgs& a, cudaStream_t stream) {
   static const int sms = prepare_kernel<typename W::S>(moe_up_stream_kernel<W>);
   static const bool warm = env_switch_on("PD_WARM_ROUTE");
+  static const int prefetch = [] {
+    const char* v = std::getenv("PD_MOE_PREFETCH");
+    return v == nullptr ? 1 : std::atoi(v);
+  }();
   MoeStreamArgs b = a;
   b.warm_route = warm ? 1 : 0;
+  b.prefetch_down = prefetch;
   launch_kernel<W>(moe_up_stream_kernel<W>, b, sms, stream);
 }
 

@@ -66,12 +66,35 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
   }
 }
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
+// The L2 policy of the weight stream's copies: evict first. A step reads each weight once, and lines kept
+// by the default policy push out what the next kernels will read (an MoE block's down weights prefetched
+// while its gate/up kernel streams, moe_stream.cu).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+// policy 0: the default.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                          uint64_t policy) {
+  if (policy == 0) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
+        "[%3], "
+        "%4;\n" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+        : "memory");
+  }
+}
+// `bytes` (a multiple of 16) from src (16-byte aligned) into L2, asynchronously.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
 // Synchronises the consumer warps only (the producer never joins).
 __device__ __forceinline__ void consumers_sync() {
@@ -86,12 +109,14 @@ struct Ring {
   float4* part;  // [S::kPartSlots][kConsumers][32]
   uint64_t* full;
   uint64_t* empty;
+  uint64_t policy;  // of the copies (bulk_copy)
 
-  __device__ explicit Ring(uint8_t* smem)
+  __device__ Ring(uint8_t* smem, bool evict_first)
       : stages(smem),
         part(reinterpret_cast<float4*>(smem + S::kStages * S::kStageBytes)),
         full(reinterpret_cast<uint64_t*>(part + S::kPartSlots * kConsumers * 32)),
-        empty(full + S::kStages) {}
+        empty(full + S::kStages),
+        policy(evict_first ? evict_first_policy() : 0) {}
 
   // Thread 0, then a block barrier.
   __device__ void init() const {
@@ -117,7 +142,7 @@ struct Ring {
   }
   // Producer lane: `bytes` (a multiple of 16) from src to byte `offset` of fill f's stage.
   __device__ void copy(int f, int offset, const void* src, uint32_t bytes) const {
-    bulk_copy(stage(f) + offset, src, bytes, &full[slot(f)]);
+    bulk_copy(stage(f) + offset, src, bytes, &full[slot(f)], policy);
   }
   __device__ void wait_full(int f) const { mbar_wait(&full[slot(f)], phase(f)); }
   // Consumer warp: done reading fill f.
