@@ -335,20 +335,12 @@ __device__ __forceinline__ bool aligned_rows(const float* x, int64_t xs) {
 // the DRAM idle for much of its time (its router, the grid barrier and the route come first; ncu: about 1.5
 // TB/s), and the down kernel, which starts when it ends, then reads them from L2.
 __device__ void prefetch_down(const MoeStreamArgs& a, const int* used, int count, int lane) {
-  const MoeLaunch& m = a.m;
   for (int i = lane; i < 3 * (count + 1); i += 32) {
-    const int item = i / 3, part = i % 3;  // item 0: the shared expert, else used[item - 1]
-    const DevMatrix& d = item == 0 ? m.sh_down : m.down;
-    const bool affine = d.fmt == WFmt::kAffine;
-    if (part > 0 && !affine) continue;
+    const int item = i / 3;  // 0: the shared expert, else used[item - 1]
+    const uint8_t* at = nullptr;
     const int64_t bytes =
-        part == 0 ? d.rows * d.cols * (affine ? d.bits : 16) / 8 : d.rows * meta_row_bytes(d);
-    const void* base = part == 0 ? d.data : part == 1 ? d.scales : d.biases;
-    const int64_t stride = part == 0 ? d.data_stride : d.scale_stride;
-    const uint8_t* p = expert_bytes(base, stride, item == 0 ? 0 : used[item - 1]);
-    const int64_t share = (bytes / gridDim.x + 15) / 16 * 16;
-    const int64_t off = blockIdx.x * share;
-    if (off < bytes) prefetch_l2(p + off, static_cast<uint32_t>(share < bytes - off ? share : bytes - off));
+        matrix_part(item == 0 ? a.m.sh_down : a.m.down, item == 0 ? 0 : used[item - 1], i % 3, &at);
+    if (bytes > 0) prefetch_share(at, bytes);
   }
 }
 
@@ -630,7 +622,7 @@ void launch_up(const MoeStreamArgs& a, cudaStream_t stream) {
   static const bool warm = env_switch_on("PD_WARM_ROUTE");
   static const int prefetch = [] {
     const char* v = std::getenv("PD_MOE_PREFETCH");
-    return v == nullptr ? 1 : std::atoi(v);
+    return v == nullptr ? 2 : std::atoi(v);
   }();
   MoeStreamArgs b = a;
   b.warm_route = warm ? 1 : 0;
