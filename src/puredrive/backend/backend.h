@@ -187,9 +187,6 @@ struct MatmulsArgs {
   std::span<const MatmulTarget> targets;
   InputNorm norm{};
   bool prefill = false;
-  // A hint that changes no value: the matrix of a product the caller runs soon after (the mixer's output
-  // projection), which a backend may start loading into a cache meanwhile. Invalid: none.
-  MatrixId then_reads{};
 };
 
 struct AttentionDims {

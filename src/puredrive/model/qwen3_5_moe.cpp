@@ -361,7 +361,7 @@ Status Qwen35Moe::attention(const AttentionIds& w, const LayerCaches& cache, con
                             const InputNorm& norm, const Tensor& out, int64_t n, bool prefill) {
   const Tensor qg = rows(ws_.qg, n), k = rows(ws_.k, n), v = rows(ws_.v, n), a = rows(ws_.attn, n);
   const MatmulTarget proj[] = {{w.q_proj, qg}, {w.k_proj, k}, {w.v_proj, v}};
-  PD_TRY(be_.matmuls({.x = h, .targets = proj, .norm = norm, .prefill = prefill, .then_reads = w.o_proj}));
+  PD_TRY(be_.matmuls({.x = h, .targets = proj, .norm = norm, .prefill = prefill}));
   PD_TRY(be_.gated_attention({.dims = d_.attn,
                               .qg = qg,
                               .k = k,
@@ -383,7 +383,7 @@ Status Qwen35Moe::gated_delta_net(const GdnIds& w, const LayerCaches& cache, con
   const Tensor qkv = rows(ws_.qkv, n), z = rows(ws_.z, n), b = rows(ws_.b, n), a = rows(ws_.a, n);
   const Tensor core = rows(ws_.gdn, n);
   const MatmulTarget proj[] = {{w.in_proj_qkv, qkv}, {w.in_proj_z, z}, {w.in_proj_b, b}, {w.in_proj_a, a}};
-  PD_TRY(be_.matmuls({.x = h, .targets = proj, .norm = norm, .prefill = prefill, .then_reads = w.out_proj}));
+  PD_TRY(be_.matmuls({.x = h, .targets = proj, .norm = norm, .prefill = prefill}));
   PD_TRY(be_.gated_delta_net({.dims = d_.gdn,
                               .qkv = qkv,
                               .z = z,

@@ -6,7 +6,6 @@
 
 #include "puredrive/backend/cpu/sampling.h"
 #include "puredrive/backend/cuda/cuda_backend_impl.h"
-#include "puredrive/backend/cuda/gemv_mma.h"
 #include "puredrive/backend/cuda/sampling.h"
 
 namespace pd::cuda_impl {
@@ -201,7 +200,6 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
   sig_.add(k);
   sig_.add(a.norm.weight.index);
   sig_.add_f(a.norm.eps);
-  sig_.add(a.then_reads.index);
   for (const MatmulTarget& t : a.targets) {
     sig_.add(t.w.index);
     sig_.add(t.out);
@@ -222,18 +220,6 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
   const float* x = static_cast<const float*>(a.x.data);
   const int64_t xs = a.x.stride;
   const int rows = static_cast<int>(a.x.rows);
-  // The hint: the streamed kernel's producers prefetch the next product's weights (PD_PREFETCH_NEXT=0: not).
-  static const bool prefetch_next = cuda::env_switch_on("PD_PREFETCH_NEXT");
-  if (prefetch_next && a.then_reads.valid() && k == Kernels::kDecode && cuda::gemv_multi_streams(g)) {
-    PD_ASSIGN_OR_RETURN(const DevMatrix* next, matrix("matmuls", a.then_reads));
-    if (cuda::gemv_stream_supported(*next)) {
-      const float eps = a.norm.eps;
-      submit([g, x, xs, rows, norm, eps, next = *next](
-                 cudaStream_t s) { cuda::launch_gemv_multi_stream(g, x, xs, rows, norm, eps, next, s); },
-             "matmuls (+ input norm), prefetching the next product", end, g.m[0].cols);
-      return take_error_if_eager();
-    }
-  }
   if (norm != nullptr) {
     const float eps = a.norm.eps;
     submit([g, x, xs, rows, norm,

@@ -275,15 +275,9 @@ void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t xs, int r
 
 void launch_gemv_multi_normed(const GemvMulti& g, const float* x, int64_t xs, int rows, const float* norm,
                               float eps, cudaStream_t stream) {
-  launch_gemv_multi_stream(g, x, xs, rows, norm, eps, DevMatrix{}, stream);
-}
-
-void launch_gemv_multi_stream(const GemvMulti& g, const float* x, int64_t xs, int rows, const float* norm,
-                              float eps, const DevMatrix& next, cudaStream_t stream) {
   MmaTargets t = targets_of(g);
   t.norm = norm;
   t.norm_eps = eps;
-  t.next = next;
   launch_gemv_stream(t, x, xs, rows, stream);
 }
 

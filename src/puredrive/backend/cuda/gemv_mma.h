@@ -27,9 +27,6 @@ struct MmaTargets {
   // Streamed kernels: the weight copies' L2 policy is evict-first (stream_ring.cuh; PD_L2_EVICT_FIRST=0: the
   // default policy).
   int evict_first = 0;
-  // A matrix a later kernel reads (MatmulsArgs::then_reads; data null: none): once a streamed block's
-  // producer has issued its copies, it prefetches its share of next's bytes into L2.
-  DevMatrix next{};
 };
 
 // Whether launch_gemv routes m to the tensor-core kernels: bf16 weights whose width is a multiple of 64, or
@@ -52,9 +49,5 @@ void launch_gemv_multi_mma(const GemvMulti& g, const float* x, int64_t x_stride,
 bool gemv_stream_supported(const DevMatrix& m);
 bool gemv_stream_compatible(const DevMatrix& a, const DevMatrix& b);
 void launch_gemv_stream(const MmaTargets& t, const float* x, int64_t x_stride, int rows, cudaStream_t stream);
-// The streamed launch of g (gemv_multi_streams(g)) of x, or of rms_norm(x) with a norm weight (null: none),
-// whose producers then prefetch `next` into L2 (MmaTargets::next).
-void launch_gemv_multi_stream(const GemvMulti& g, const float* x, int64_t x_stride, int rows,
-                              const float* norm, float eps, const DevMatrix& next, cudaStream_t stream);
 
 }  // namespace pd::cuda

@@ -93,7 +93,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                       static_cast<const uint16_t*>(m.data) + n * S::kCols + (f % S::kChunks) * S::kChunk);
       }
     }
-    prefetch_matrix(t.next, lane);
     return;
   }
 
@@ -152,7 +151,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       copy_meta<S>(ring, f, lane, kTile, m.scales, m.biases, meta.row_bytes, n0, 0, valid);
     }
-    prefetch_matrix(t.next, lane);
     return;
   }
 
