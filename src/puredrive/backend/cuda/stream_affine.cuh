@@ -293,15 +293,6 @@ __device__ __forceinline__ int64_t matrix_part(const DevMatrix& m, int e, int pa
         static_cast<int64_t>(e) * (part == 0 ? m.data_stride : m.scale_stride);
   return part == 0 ? m.rows * m.cols * (affine ? m.bits : 16) / 8 : m.rows * meta_row_bytes(m);
 }
-// The producer warp: this block's share of the stream-format matrix m (expert 0) into L2.
-__device__ __forceinline__ void prefetch_matrix(const DevMatrix& m, int lane) {
-  if (m.data != nullptr && lane < 3) {
-    const uint8_t* at = nullptr;
-    const int64_t bytes = matrix_part(m, 0, lane, &at);
-    if (bytes > 0) prefetch_share(at, bytes);
-  }
-}
-
 // Producer lanes 16-19: the scales and biases of rows [n0, n0 + count) of matrix m (data pointers already
 // offset to the expert) to block rows [r0, r0 + count) of fill f's stage; returns the bytes (lane-uniform).
 // T: the stage layout (an AffineShape), S: the ring's.
