@@ -128,7 +128,8 @@ for v in "${variants[@]}"; do
     fi
     with cand env "${kv[@]}" timeout 150 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
       --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 ${vmtp[@]+"${vmtp[@]}"} \
-      --json "$j" >/dev/null 2>&1
+      --json "$j" --commit "$(awk '/^commit/ {print $2}' build/cand/build_info.txt)" \
+      --note "$(sed -n 2p build/cand/build_info.txt); variant $v" >/dev/null 2>&1
     python3 - "$j" "$v" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
 try:
