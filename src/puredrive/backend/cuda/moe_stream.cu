@@ -331,9 +331,11 @@ __device__ __forceinline__ bool aligned_rows(const float* x, int64_t xs) {
 }
 
 // Block b's share of the down weights the down kernel will read (the shared expert's and the used experts':
-// codes, and for affine weights scales and biases), into L2 by the producer warp. The gate/up kernel leaves
-// the DRAM idle for much of its time (its router, the grid barrier and the route come first; ncu: about 1.5
-// TB/s), and the down kernel, which starts when it ends, then reads them from L2.
+// codes, and for affine weights scales and biases), into L2 by the producer warp once it has issued its last
+// copy. The gate/up kernel leaves the DRAM idle for much of its time (its router, the grid barrier and the
+// route come first; ncu: about 1.5 TB/s), and the down kernel starts when it ends (bf16 +1.8%, 8-bit +3.9%,
+// bench/results/2026-12-03-h200-1132a5d.md). Issued as soon as the route was known, the prefetch slowed the
+// kernel's own copies (26.6 -> 29.8 us under ncu) and gained less.
 __device__ void prefetch_down(const MoeStreamArgs& a, const int* used, int count, int lane) {
   for (int i = lane; i < 3 * (count + 1); i += 32) {
     const int item = i / 3;  // 0: the shared expert, else used[item - 1]
@@ -406,10 +408,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
       route_ready_wait();
     }
     const int used_count = route.used_count(a.rows, m.top_k);
-    if (a.prefetch_down == 1) prefetch_down(a, route.used_list(a.rows), used_count, lane);
     const int64_t total = shared_tiles + static_cast<int64_t>(used_count) * tiles;
     for (; t < total; t += G) fill(t);
-    if (a.prefetch_down == 2) prefetch_down(a, route.used_list(a.rows), used_count, lane);
+    if (a.prefetch_down != 0) prefetch_down(a, route.used_list(a.rows), used_count, lane);
     return;
   }
 
@@ -620,13 +621,10 @@ template <typename W>
 void launch_up(const MoeStreamArgs& a, cudaStream_t stream) {
   static const int sms = prepare_kernel<typename W::S>(moe_up_stream_kernel<W>);
   static const bool warm = env_switch_on("PD_WARM_ROUTE");
-  static const int prefetch = [] {
-    const char* v = std::getenv("PD_MOE_PREFETCH");
-    return v == nullptr ? 2 : std::atoi(v);
-  }();
+  static const bool prefetch = env_switch_on("PD_MOE_PREFETCH");
   MoeStreamArgs b = a;
   b.warm_route = warm ? 1 : 0;
-  b.prefetch_down = prefetch;
+  b.prefetch_down = prefetch ? 1 : 0;
   launch_kernel<W>(moe_up_stream_kernel<W>, b, sms, stream);
 }
 

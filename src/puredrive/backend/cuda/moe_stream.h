@@ -28,8 +28,8 @@ struct MoeStreamArgs {
   int warm_route = 0;
   int tiles_per_sync = 1;  // affine experts: 1 or kTilesPerSync (launch_moe_stream_*; PD_STREAM_PAIRS=0: 1)
   int evict_first = 0;     // the weight copies' L2 policy (MmaTargets::evict_first)
-  // When the gate/up kernel's producers prefetch the used experts' down weights into L2 (PD_MOE_PREFETCH,
-  // default 2): 0 never, 1 once the route is known, 2 after their last copy.
+  // Whether the gate/up kernel's producers prefetch the used experts' down weights into L2 after their last
+  // copy (PD_MOE_PREFETCH=0: not).
   int prefetch_down = 0;
 };
 
