@@ -330,6 +330,27 @@ __device__ __forceinline__ bool aligned_rows(const float* x, int64_t xs) {
   return reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
 }
 
+// This block's share of `bytes` bytes at p (both multiples of 16) into L2 (prefetch_l2), the grid's blocks
+// taking consecutive pieces.
+__device__ __forceinline__ void prefetch_share(const void* p, int64_t bytes) {
+  const int64_t share = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
+  const int64_t off = blockIdx.x * share;
+  if (off < bytes) {
+    prefetch_l2(static_cast<const uint8_t*>(p) + off,
+                static_cast<uint32_t>(share < bytes - off ? share : bytes - off));
+  }
+}
+
+// Part `part` of expert e of m (0: its weights or codes; 1, 2: the scales and biases of affine weights, else
+// nothing): its bytes, and where they start.
+__device__ __forceinline__ int64_t matrix_part(const DevMatrix& m, int e, int part, const uint8_t** at) {
+  const bool affine = m.fmt == WFmt::kAffine;
+  if (part > 0 && !affine) return 0;
+  const void* base = part == 0 ? m.data : part == 1 ? m.scales : m.biases;
+  *at = expert_bytes(base, part == 0 ? m.data_stride : m.scale_stride, e);
+  return part == 0 ? m.rows * m.cols * (affine ? m.bits : 16) / 8 : m.rows * meta_row_bytes(m);
+}
+
 // Block b's share of the down weights the down kernel will read (the shared expert's and the used experts':
 // codes, and for affine weights scales and biases), into L2 by the producer warp once it has issued its last
 // copy. The gate/up kernel leaves the DRAM idle for much of its time (its router, the grid barrier and the

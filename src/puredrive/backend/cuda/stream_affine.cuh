@@ -273,26 +273,6 @@ __device__ __forceinline__ void affine_product(const uint8_t* st, int warp, int 
   }
 }
 
-// This block's share of `bytes` bytes at p (both multiples of 16) into L2 (prefetch_l2), the grid's blocks
-// taking consecutive pieces.
-__device__ __forceinline__ void prefetch_share(const void* p, int64_t bytes) {
-  const int64_t share = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
-  const int64_t off = blockIdx.x * share;
-  if (off < bytes) {
-    prefetch_l2(static_cast<const uint8_t*>(p) + off,
-                static_cast<uint32_t>(share < bytes - off ? share : bytes - off));
-  }
-}
-// Part `part` of expert e of m (0: its weights or codes; 1, 2: the scales and biases of affine weights, else
-// nothing): its bytes, and where they start.
-__device__ __forceinline__ int64_t matrix_part(const DevMatrix& m, int e, int part, const uint8_t** at) {
-  const bool affine = m.fmt == WFmt::kAffine;
-  if (part > 0 && !affine) return 0;
-  const void* base = part == 0 ? m.data : part == 1 ? m.scales : m.biases;
-  *at = static_cast<const uint8_t*>(base) +
-        static_cast<int64_t>(e) * (part == 0 ? m.data_stride : m.scale_stride);
-  return part == 0 ? m.rows * m.cols * (affine ? m.bits : 16) / 8 : m.rows * meta_row_bytes(m);
-}
 // Producer lanes 16-19: the scales and biases of rows [n0, n0 + count) of matrix m (data pointers already
 // offset to the expert) to block rows [r0, r0 + count) of fill f's stage; returns the bytes (lane-uniform).
 // T: the stage layout (an AffineShape), S: the ring's.
