@@ -376,8 +376,9 @@ void run_moe(const MoeLaunch& m, cudaStream_t stream, cudaEvent_t* ev) {
                             .sg = s.sg,
                             .act = s.act,
                             .sact = s.sact};
-      launch_moe_stream(a, stream);
+      launch_moe_stream_up(a, stream);
       mark(2);
+      launch_moe_stream_down(a, stream);
       mark(3);
       continue;
     }

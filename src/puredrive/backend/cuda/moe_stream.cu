@@ -18,12 +18,8 @@
 // 11 us per layer (ncu, serialised): its latency chain plus a launch, before the experts could start.
 //
 // Down + combine: block b owns the hidden outputs of column tiles b, b + G, ... and streams, per column
-// tile, the shared expert's 16 rows and then each used expert's in ascending id. By default the gate/up
-// kernel runs it too (MoeStreamArgs::fused_down): its producer copies the down tiles right after its last
-// gate/up tile, each in one of the ring's stages, and its consumers meet the other blocks at a second grid
-// barrier (every act written) before they multiply them. The separate down kernel (PD_MOE_FUSED=0) started
-// only when the gate/up grid had ended, then read the route back and waited for its first tiles. The thread
-// of output (n, r) keeps y_shared and accumulates
+// tile, the shared expert's 16 rows and then each used expert's in ascending id (the shared expert's
+// first tile before the route is known). The thread of output (n, r) keeps y_shared and accumulates
 // ((0 + w_1 y_1) + w_2 y_2) + ... over the experts row r selected, in ascending id, then adds
 // sigmoid(sg) * y_shared: the CPU backend's order. The next expert's activations are loaded while the
 // current one is multiplied.
@@ -213,34 +209,13 @@ struct Half {
   int64_t n0;
 };
 
-// Tiles laid out as Inner in the stages of a ring of shape Outer: the fused kernel's down tiles (one
-// 512-column tile per stage) in the ring of its gate/up tiles, which have the larger stages. Ring<> reads
-// the stage size, the stage count, the partials and the barriers from Outer, a tile's layout from Inner.
-template <typename Inner, typename Outer>
-struct Restaged : Inner {
-  static_assert(Inner::kStageBytes <= Outer::kStageBytes && Inner::kPartSlots <= Outer::kPartSlots);
-  static constexpr int kStages = Outer::kStages;
-  static constexpr int kStageBytes = Outer::kStageBytes;
-  static constexpr int kPartSlots = Outer::kPartSlots;
-};
-template <typename Inner, typename Outer>
-struct StageIn {
-  using type = Restaged<Inner, Outer>;
-};
-template <typename Inner>
-struct StageIn<Inner, void> {
-  using type = Inner;
-};
-
 // How a kernel's tiles are copied and multiplied, per weight format. Raw: a lane's activations of one row
 // as loaded; X: what the products take (load_raw + make); fill: the producer's copies of one tile (of the
 // shared expert or not); consume: acc += the tile x X; kTilesPerSync: tiles multiplied between two
-// exchanges of the warps' partials (stream_affine.cuh); Down: the down tiles of the same format staged in
-// this ring (Outer: the ring's shape, void for a ring of these tiles).
-template <int KB, typename Outer = void>
+// exchanges of the warps' partials (stream_affine.cuh).
+template <int KB>
 struct Bf16Tiles {
-  using S = typename StageIn<Shape<KB>, Outer>::type;
-  using Down = Bf16Tiles<1, S>;
+  using S = Shape<KB>;
   static constexpr int kRouterFmt = static_cast<int>(WFmt::kBF16);
   static constexpr int kTilesPerSync = 1;
   static constexpr int kFillStages = S::kChunks;  // stages per tile
@@ -292,12 +267,11 @@ struct Bf16Tiles {
 // Affine (stream_affine.cuh): one stage per tile, each half's scales and biases one copy each. The routed
 // experts' codes have BITS bits, the shared expert's SHARED_BITS (the oq6e recipe: 6 and 8), with the same
 // group size and scale dtype; a stage has room for the wider.
-template <int KB, int BITS, int PPS, int SHARED_BITS = BITS, typename Outer = void>
+template <int KB, int BITS, int PPS, int SHARED_BITS = BITS>
 struct AffineTiles {
   using SR = AffineShape<KB, BITS>;
   using SS = AffineShape<KB, SHARED_BITS>;
-  using S = typename StageIn<AffineShape<KB, (BITS > SHARED_BITS ? BITS : SHARED_BITS)>, Outer>::type;
-  using Down = AffineTiles<1, BITS, 1, SHARED_BITS, S>;               // one group piece per 32-column slice
+  using S = AffineShape<KB, (BITS > SHARED_BITS ? BITS : SHARED_BITS)>;
   static constexpr int kRouterFmt = static_cast<int>(WFmt::kAffine);  // 8-bit, whatever the experts' width
   static constexpr int kTilesPerSync = stream::kTilesPerSync;
   static constexpr int kFillStages = 1;
@@ -458,11 +432,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     const int64_t total = shared_tiles + static_cast<int64_t>(used_count) * tiles;
     for (; t < total; t += G) fill(t);
     if (a.prefetch_down != 0) prefetch_down(a, route.used_list(a.rows), used_count, lane);
-    if (a.fused_down != 0) {
-      using D = typename W::Down;
-      fill_down(a, D(m.down), Ring<typename D::S>(smem, a.evict_first != 0), &f, lane,
-                route.used_list(a.rows), used_count, 0);
-    }
     return;
   }
 
@@ -551,18 +520,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     }
   }
   PD_TRACE_STAMP(10);
-  if (a.fused_down != 0) {
-    // Every block's act written (the partials' exchange above is block-wide only), then the down tiles,
-    // which the producer has been copying since its last gate/up tile.
-    consumers_sync();
-    if (threadIdx.x == 0) grid_barrier(m.router_ticket);
-    consumers_sync();
-    PD_TRACE_STAMP(11);
-    using D = typename W::Down;
-    static_assert(D::kFillStages == 1 && D::kRouterFmt == W::kRouterFmt,
-                  "one stage per down tile, one format");
-    down_combine(a, table, D(m.down), Ring<typename D::S>(smem, a.evict_first != 0), f, count, warp, lane);
-  }
   for (int i = 1; i <= 4; ++i) PD_TRACE_ADOPT(i);
 }
 
@@ -576,66 +533,73 @@ __device__ __forceinline__ const float* act_row(const MoeStreamArgs& a, const Sl
   return slot < 0 ? nullptr : a.act + (static_cast<int64_t>(g) * a.m.top_k + slot) * a.m.inter;
 }
 
-// Producer warp: the down tile of column tile nt (16 hidden outputs) of expert item j (0: the shared
-// expert, else used[j - 1]).
-template <typename D>
-__device__ __forceinline__ void fill_down_tile(const MoeStreamArgs& a, const D& tiles_of,
-                                               const Ring<typename D::S>& ring, int* f, int lane, int nt,
-                                               int j, const int* used) {
-  const DevMatrix* w = j == 0 ? &a.m.sh_down : &a.m.down;
-  const int e = j == 0 ? 0 : used[j - 1];
-  tiles_of.fill(ring, f, lane, j == 0, Half{w, e, static_cast<int64_t>(nt) * kTile},
-                Half{w, e, static_cast<int64_t>(nt) * kTile + 8});
-}
-
-// Producer warp: the down tiles of this block's column tiles nt0, nt0 + G, ... (G: the grid), per column tile
-// the shared expert's and then the used experts' in ascending id; the first column tile's from item `first`
-// on (the down kernel copies its shared-expert tile before the route is known).
-template <typename D>
-__device__ void fill_down(const MoeStreamArgs& a, const D& tiles_of, const Ring<typename D::S>& ring, int* f,
-                          int lane, const int* used, int count, int first) {
-  const int G = static_cast<int>(gridDim.x);
-  for (int nt = static_cast<int>(blockIdx.x); nt < a.m.hidden / kTile; nt += G) {
-    for (int j = nt == static_cast<int>(blockIdx.x) ? first : 0; j <= count; ++j) {
-      fill_down_tile(a, tiles_of, ring, f, lane, nt, j, used);
-    }
-  }
-}
-
-// Consumer warps: down + combine of this block's column tiles (fill_down's order), from fill f of the ring
-// on; act/sact complete, the slot table built.
-template <typename D>
-__device__ void down_combine(const MoeStreamArgs& a, const SlotTable& table, const D& tiles_of,
-                             const Ring<typename D::S>& ring, int f, int count, int warp, int lane) {
-  static_assert(D::S::kCols == 512, "down products of one 512-column row");
+// Intermediate size 512: W's shape of KB = 1 (one tile per stage, 32 columns per consumer warp).
+template <typename W>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_down_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
+  using S = typename W::S;
+  static_assert(S::kCols == 512, "down products of one 512-column row");
+  PD_TRACE_SCOPE(kMoeDown, a.rows);
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ SlotTable table;
+  const Ring<S> ring(smem, a.evict_first != 0);
   const MoeLaunch& m = a.m;
+  const W tiles_of(m.down);
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int col_tiles = m.hidden / kTile;
   const int G = static_cast<int>(gridDim.x);
+  if (threadIdx.x == 0) ring.init();
+  __syncthreads();
+  pdl_launch_dependents();
+
+  if (warp == kConsumers) {
+    int f = 0;
+    auto fill = [&](int nt, int j) {
+      const DevMatrix* w = j == 0 ? &m.sh_down : &m.down;
+      const int e = j == 0 ? 0 : a.used[j - 1];
+      tiles_of.fill(ring, &f, lane, j == 0, Half{w, e, static_cast<int64_t>(nt) * kTile},
+                    Half{w, e, static_cast<int64_t>(nt) * kTile + 8});
+    };
+    fill(static_cast<int>(blockIdx.x), 0);  // the shared expert's rows, before the route is known
+    pdl_wait();
+    const int count = *a.count;
+    for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G) {
+      for (int j = nt == static_cast<int>(blockIdx.x) ? 1 : 0; j <= count; ++j) fill(nt, j);
+    }
+    return;
+  }
+
+  pdl_wait();
+  PD_TRACE_STAMP(0);
+  const int count = *a.count;
+  build_slots(a, a.sel, a.wts, a.used, count, &table);
+  PD_TRACE_STAMP(1);
   const int g = lane >> 2, q = lane & 3;
   const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
   const bool owner = threadIdx.x < kTile * 8;  // of output (column tile row off, step row r)
-  typename D::Raw v;
-  // a.tiles_per_sync (<= D::kTilesPerSync) experts per exchange of the partials, combined in ascending order.
-  constexpr int kPer = D::kTilesPerSync;
+  typename W::Raw v;
+  // a.tiles_per_sync (<= W::kTilesPerSync) experts per exchange of the partials, combined in ascending order.
+  constexpr int kPer = W::kTilesPerSync;
   const int per = kPer == 1 ? 1 : a.tiles_per_sync;
-  int buf = 0;
-  for (int nt = static_cast<int>(blockIdx.x); nt < m.hidden / kTile; nt += G) {
+  int f = 0, buf = 0;
+  for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G) {
     float acc = 0.0f, ys = 0.0f;
     // Expert j's fragments (x) are made while expert j - 1's product runs, and its raw values loaded one
     // expert earlier still: each warp's experts are a chain of dependent steps (an 8-bit expert's fixed-point
     // split is about as many instructions as its product), which this overlaps.
-    typename D::X x;
-    D::load_raw(act_row(a, table, 0, g), true, warp, q, v);
-    D::make(v, q, x);
-    if (count > 0) D::load_raw(act_row(a, table, 1, g), true, warp, q, v);
+    typename W::X x;
+    W::load_raw(act_row(a, table, 0, g), true, warp, q, v);
+    W::make(v, q, x);
+    if (count > 0) W::load_raw(act_row(a, table, 1, g), true, warp, q, v);
     for (int j0 = 0; j0 <= count; j0 += per, buf ^= 1) {
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         const int j = j0 + k;
         if (k >= per || j > count) break;
-        typename D::X next;
+        typename W::X next;
         if (j < count) {
-          D::make(v, q, next);
-          if (j + 1 < count) D::load_raw(act_row(a, table, j + 2, g), true, warp, q, v);
+          W::make(v, q, next);
+          if (j + 1 < count) W::load_raw(act_row(a, table, j + 2, g), true, warp, q, v);
         }
         float part[4] = {};
         tiles_of.consume(ring, &f, j == 0, warp, lane, x, part);
@@ -661,38 +625,6 @@ __device__ void down_combine(const MoeStreamArgs& a, const SlotTable& table, con
       *o = m.accumulate ? *o + out : out;
     }
   }
-}
-
-// The down + combine kernel of the unfused block (MoeStreamArgs::fused_down = 0): W of the intermediate
-// size 512 (KB = 1, one tile per stage, 32 columns per consumer warp).
-template <typename W>
-__global__ void __launch_bounds__(kThreads, 1)
-    moe_down_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
-  using S = typename W::S;
-  PD_TRACE_SCOPE(kMoeDown, a.rows);
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ SlotTable table;
-  const Ring<S> ring(smem, a.evict_first != 0);
-  const W tiles_of(a.m.down);
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  if (threadIdx.x == 0) ring.init();
-  __syncthreads();
-  pdl_launch_dependents();
-
-  if (warp == kConsumers) {
-    int f = 0;
-    fill_down_tile(a, tiles_of, ring, &f, lane, static_cast<int>(blockIdx.x), 0, a.used);  // needs no route
-    pdl_wait();
-    fill_down(a, tiles_of, ring, &f, lane, a.used, *a.count, 1);
-    return;
-  }
-
-  pdl_wait();
-  PD_TRACE_STAMP(0);
-  const int count = *a.count;
-  build_slots(a, a.sel, a.wts, a.used, count, &table);
-  PD_TRACE_STAMP(1);
-  down_combine(a, table, tiles_of, ring, 0, count, warp, lane);
 }
 
 template <typename W>
@@ -778,7 +710,21 @@ bool stream_format(const MoeLaunch& m) {
   return true;
 }
 
-void launch_up_any(const MoeStreamArgs& a, cudaStream_t stream) {
+}  // namespace
+
+bool moe_stream_supported(const MoeLaunch& m) {
+  static const bool enabled = env_switch_on("PD_MOE_STREAM");
+  const int64_t H = m.hidden, I = m.inter;
+  // The router in the experts' format (the kernels' RF): bf16, or affine 8-bit of any group size (whatever
+  // the experts' width: the quantization recipes keep routers at 8 bits).
+  const bool router = m.router.fmt == m.gate.fmt && (m.router.fmt != WFmt::kAffine || m.router.bits == 8);
+  return enabled && m.router_gate_fused && router && m.top_k <= kStreamTopK && m.shared_inter == I &&
+         (H == 512 || H == 1024 || H == 2048 || H == 4096) && I == 512 && stream_format(m) &&
+         m.gate.cols == H && m.up.cols == H && m.sh_gate.cols == H && m.sh_up.cols == H && m.down.cols == I &&
+         m.sh_down.cols == I;
+}
+
+void launch_moe_stream_up(const MoeStreamArgs& a, cudaStream_t stream) {
   switch (a.m.hidden / 512) {
     case 1:
       launch_up_kb<1>(a, stream);
@@ -795,7 +741,7 @@ void launch_up_any(const MoeStreamArgs& a, cudaStream_t stream) {
   }
 }
 
-void launch_down_any(const MoeStreamArgs& a, cudaStream_t stream) {
+void launch_moe_stream_down(const MoeStreamArgs& a, cudaStream_t stream) {
   if (a.m.down.fmt == WFmt::kBF16) {
     launch_down<Bf16Tiles<1>>(a, stream);
   } else {
@@ -804,28 +750,6 @@ void launch_down_any(const MoeStreamArgs& a, cudaStream_t stream) {
           a.m.sh_down.bits, [&](auto tiles) { launch_down<typename decltype(tiles)::type>(a, stream); });
     });
   }
-}
-
-}  // namespace
-
-bool moe_stream_supported(const MoeLaunch& m) {
-  static const bool enabled = env_switch_on("PD_MOE_STREAM");
-  const int64_t H = m.hidden, I = m.inter;
-  // The router in the experts' format (the kernels' RF): bf16, or affine 8-bit of any group size (whatever
-  // the experts' width: the quantization recipes keep routers at 8 bits).
-  const bool router = m.router.fmt == m.gate.fmt && (m.router.fmt != WFmt::kAffine || m.router.bits == 8);
-  return enabled && m.router_gate_fused && router && m.top_k <= kStreamTopK && m.shared_inter == I &&
-         (H == 512 || H == 1024 || H == 2048 || H == 4096) && I == 512 && stream_format(m) &&
-         m.gate.cols == H && m.up.cols == H && m.sh_gate.cols == H && m.sh_up.cols == H && m.down.cols == I &&
-         m.sh_down.cols == I;
-}
-
-void launch_moe_stream(const MoeStreamArgs& a, cudaStream_t stream) {
-  static const bool fused = env_switch_on("PD_MOE_FUSED");
-  MoeStreamArgs b = a;
-  b.fused_down = fused ? 1 : 0;
-  launch_up_any(b, stream);
-  if (!fused) launch_down_any(b, stream);
 }
 
 }  // namespace pd::cuda

@@ -31,7 +31,6 @@ struct MoeStreamArgs {
   // Whether the gate/up kernel's producers prefetch the used experts' down weights into L2 after their last
   // copy (PD_MOE_PREFETCH=0: not).
   int prefetch_down = 0;
-  int fused_down = 0;  // the gate/up kernel also runs down + combine (launch_moe_stream)
 };
 
 // Whether the block takes this path: bf16 router, shared gate and experts, the shared expert of the routed
@@ -39,9 +38,9 @@ struct MoeStreamArgs {
 // aligned matrices (PD_MOE_STREAM=0 turns it off, for comparisons). Depends on the model only, never on the
 // step's rows.
 bool moe_stream_supported(const MoeLaunch& m);
-// The route, act/sact = silu(x Wg^T) * (x Wu^T) for every (row, selected expert) and the shared expert, then
-// out (=|+=) the combine of the experts' down products (moe.cu's order): one launch, whose blocks meet at a
-// grid barrier before the down products (PD_MOE_FUSED=0: a gate/up and a down + combine launch).
-void launch_moe_stream(const MoeStreamArgs& a, cudaStream_t stream);
+// The route, then act/sact = silu(x Wg^T) * (x Wu^T) for every (row, selected expert) and the shared expert.
+void launch_moe_stream_up(const MoeStreamArgs& a, cudaStream_t stream);
+// out (=|+=) the combine of the experts' down products (moe.cu's order).
+void launch_moe_stream_down(const MoeStreamArgs& a, cudaStream_t stream);
 
 }  // namespace pd::cuda
