@@ -24,9 +24,6 @@ struct MmaTargets {
   // Affine streamed kernels: tiles multiplied between two exchanges of the warps' partials, 1 or
   // kTilesPerSync (launch_gemv_stream sets it; PD_STREAM_PAIRS=0: 1).
   int tiles_per_sync = 1;
-  // Affine streamed kernels with tiles_per_sync 2: both tiles multiplied in one pass (affine_products;
-  // PD_AFFINE_INTERLEAVE=0: one after the other).
-  int interleave = 0;
   // Streamed kernels: the weight copies' L2 policy is evict-first (stream_ring.cuh; PD_L2_EVICT_FIRST=0: the
   // default policy).
   int evict_first = 0;

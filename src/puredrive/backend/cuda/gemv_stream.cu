@@ -168,27 +168,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int per = t.tiles_per_sync;
   int buf = 0, i = 0;
   for (int f0 = 0; f0 < count; f0 += per, buf ^= 1) {
-    if (t.interleave != 0 && per == 2 && f0 + 1 < count) {
-      static_assert(kTilesPerSync == 2, "pairs of tiles");
-      ring.wait_full(f0);
-      ring.wait_full(f0 + 1);
-      const uint8_t* const st[2] = {ring.stage(f0), ring.stage(f0 + 1)};
-      float acc[2][4] = {};
-      affine_products<S, PPS, 2>(st, warp, lane, meta, ax, acc);
-      ring.release(f0, lane);
-      ring.release(f0 + 1, lane);
-      stash(ring.part, buf * kTilesPerSync, warp, lane, acc[0]);
-      stash(ring.part, buf * kTilesPerSync + 1, warp, lane, acc[1]);
-    } else {
 #pragma unroll
-      for (int k = 0; k < kTilesPerSync; ++k) {
-        if (k < per && f0 + k < count) {
-          float acc[4] = {};
-          ring.wait_full(f0 + k);
-          affine_product<S, PPS>(ring.stage(f0 + k), warp, lane, meta, ax, acc);
-          ring.release(f0 + k, lane);
-          stash(ring.part, buf * kTilesPerSync + k, warp, lane, acc);
-        }
+    for (int k = 0; k < kTilesPerSync; ++k) {
+      if (k < per && f0 + k < count) {
+        float acc[4] = {};
+        ring.wait_full(f0 + k);
+        affine_product<S, PPS>(ring.stage(f0 + k), warp, lane, meta, ax, acc);
+        ring.release(f0 + k, lane);
+        stash(ring.part, buf * kTilesPerSync + k, warp, lane, acc);
       }
     }
     consumers_sync();
@@ -214,10 +201,8 @@ template <int KB, bool VEC>
 void launch_shape(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   if (t.m[0].fmt == WFmt::kAffine) {
     static const int per = env_switch_on("PD_STREAM_PAIRS") ? kTilesPerSync : 1;
-    static const bool interleave = env_switch_on("PD_AFFINE_INTERLEAVE");
     MmaTargets tp = t;
     tp.tiles_per_sync = per;
-    tp.interleave = interleave ? 1 : 0;
     with_stream_bits(t.m[0].bits, [&](auto bits) {
       constexpr int kBits = decltype(bits)::value;
       using S = AffineShape<KB, kBits>;

@@ -313,21 +313,6 @@ struct AffineTiles {
     }
     ++*f;
   }
-  // Fills *f and *f + 1, both of the shared expert or both not, multiplied in one pass (affine_products).
-  __device__ void consume_pair(const Ring<S>& ring, int* f, bool shared, int warp, int lane, const X& x,
-                               float (&acc)[2][4]) const {
-    ring.wait_full(*f);
-    ring.wait_full(*f + 1);
-    const uint8_t* const st[2] = {ring.stage(*f), ring.stage(*f + 1)};
-    if (BITS != SHARED_BITS && shared) {
-      affine_products<SS, PPS, 2>(st, warp, lane, meta, x, acc);
-    } else {
-      affine_products<SR, PPS, 2>(st, warp, lane, meta, x, acc);
-    }
-    ring.release(*f, lane);
-    ring.release(*f + 1, lane);
-    *f += 2;
-  }
   __device__ void consume(const Ring<S>& ring, int* f, bool shared, int warp, int lane, const X& x,
                           float acc[4]) const {
     ring.wait_full(*f);
@@ -517,21 +502,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_stream_kernel(const __grid
     constexpr int kPer = W::kTilesPerSync;
     const int per = a.tiles_per_sync;
     for (int64_t t0 = blockIdx.x; t0 < total; t0 += per * G, buf ^= 1) {
-      if (a.interleave != 0 && per == 2 && t0 + G < total && (t0 < shared_tiles) == (t0 + G < shared_tiles)) {
-        static_assert(kPer == 2, "pairs of tiles");
-        float acc[2][4] = {};
-        tiles_of.consume_pair(ring, &f, t0 < shared_tiles, warp, lane, x, acc);
-        stash(ring.part, buf * kPer, warp, lane, acc[0]);
-        stash(ring.part, buf * kPer + 1, warp, lane, acc[1]);
-      } else {
 #pragma unroll
-        for (int k = 0; k < kPer; ++k) {
-          const int64_t t = t0 + k * G;
-          if (k < per && t < total) {
-            float acc[4] = {};
-            tiles_of.consume(ring, &f, t < shared_tiles, warp, lane, x, acc);
-            stash(ring.part, buf * kPer + k, warp, lane, acc);
-          }
+      for (int k = 0; k < kPer; ++k) {
+        const int64_t t = t0 + k * G;
+        if (k < per && t < total) {
+          float acc[4] = {};
+          tiles_of.consume(ring, &f, t < shared_tiles, warp, lane, x, acc);
+          stash(ring.part, buf * kPer + k, warp, lane, acc);
         }
       }
       consumers_sync();
@@ -655,10 +632,8 @@ void launch_kernel(void (*kernel)(MoeStreamArgs), const MoeStreamArgs& a, int bl
   PD_TRACE_ENSURE();
   static const int per = env_switch_on("PD_STREAM_PAIRS") ? kTilesPerSync : 1;
   static const bool evict_first = env_switch_on("PD_L2_EVICT_FIRST");
-  static const bool interleave = env_switch_on("PD_AFFINE_INTERLEAVE");
   MoeStreamArgs b = a;
   b.tiles_per_sync = per;
-  b.interleave = interleave ? 1 : 0;
   b.evict_first = evict_first ? 1 : 0;
   launch_pdl(kernel, dim3(blocks), dim3(kThreads), W::S::kSmemBytes, stream, b);
 }

@@ -28,7 +28,6 @@ struct MoeStreamArgs {
   int warm_route = 0;
   int tiles_per_sync = 1;  // affine experts: 1 or kTilesPerSync (launch_moe_stream_*; PD_STREAM_PAIRS=0: 1)
   int evict_first = 0;     // the weight copies' L2 policy (MmaTargets::evict_first)
-  int interleave = 0;      // affine gate/up tiles in pairs multiplied in one pass (MmaTargets::interleave)
   // Whether the gate/up kernel's producers prefetch the used experts' down weights into L2 after their last
   // copy (PD_MOE_PREFETCH=0: not).
   int prefetch_down = 0;

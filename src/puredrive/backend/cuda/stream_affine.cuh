@@ -90,7 +90,6 @@ struct AffineMeta {
 template <int N>
 struct MetaRun {
   uint32_t w[(N + 1) / 2];
-  MetaRun() = default;
   __device__ explicit MetaRun(const uint8_t* p) {
     if constexpr (N == 1) {
       w[0] = *reinterpret_cast<const uint16_t*>(p);
@@ -231,72 +230,47 @@ __device__ __forceinline__ uint2 staged_codes(const uint8_t* row, int c) {
   }
 }
 
-// acc[t] += staged tile t (st[t], t < N) x this warp's slice of the activations: per group piece, the exact
-// integer products, then scale and bias of rows g and g + 8. X: AffineX of S's width (of any code width).
-// N = 2 multiplies two tiles in one pass: the tiles' chains of loads, integer products and folds are
-// independent, so each warp keeps twice the work in flight (a warp's product is a dependent chain, and 16
-// consumer warps per SM left the schedulers mostly idle: 0.52 instructions per cycle, ncu). Each tile's
-// arithmetic is the one-tile product's, so the results are the same bits.
-template <typename S, int PPS, int N, typename X>
-__device__ __forceinline__ void affine_products(const uint8_t* const (&st)[N], int warp, int lane,
-                                                const AffineMeta& meta, const X& x, float (&acc)[N][4]) {
+// acc += the staged tile x this warp's slice of the activations: per group piece, the exact integer
+// products, then scale and bias of rows g and g + 8.
+// X: AffineX of S's width (of any code width).
+template <typename S, int PPS, typename X>
+__device__ __forceinline__ void affine_product(const uint8_t* st, int warp, int lane, const AffineMeta& meta,
+                                               const X& x, float acc[4]) {
   constexpr int kPieceBlocks = X::kPieceBlocks;
   constexpr int kOffset = 1 << (S::kBits - 1);
   const int g = lane >> 2, q = lane & 3;
   const int chunk = (warp * S::kSlice) / 8 + q;  // the lane's first 8 codes in a staged row
+  const uint8_t* rg = st + g * S::kRowBytes;
+  const uint8_t* r8 = st + (g + 8) * S::kRowBytes;
   // The slice's groups: piece p is group first + p (PPS > 1: a piece is a group), or the slice lies in one.
-  const int meta_off = S::kScales + g * meta.row_bytes + 2 * ((warp * S::kSlice) >> meta.group_shift);
-  MetaRun<PPS> sg[N], s8[N], bg[N], b8[N];  // scales and biases of rows g and g + 8
-#pragma unroll
-  for (int t = 0; t < N; ++t) {
-    const uint8_t* mg = st[t] + meta_off;
-    const uint8_t* m8 = mg + 8 * meta.row_bytes;
-    sg[t] = MetaRun<PPS>(mg), s8[t] = MetaRun<PPS>(m8);
-    bg[t] = MetaRun<PPS>(mg + S::kMetaBytes), b8[t] = MetaRun<PPS>(m8 + S::kMetaBytes);
-  }
-  int d[N][3][4] = {};
+  const uint8_t* mg = st + S::kScales + g * meta.row_bytes + 2 * ((warp * S::kSlice) >> meta.group_shift);
+  const uint8_t* m8 = mg + 8 * meta.row_bytes;
+  const MetaRun<PPS> sg(mg), s8(m8), bg(mg + S::kMetaBytes), b8(m8 + S::kMetaBytes);
+  int d[3][4] = {};
 #pragma unroll
   for (int j = 0; j < S::kBlocks; ++j) {
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-      const uint2 wg = staged_codes<S::kBits>(st[t] + g * S::kRowBytes, chunk + 4 * j);
-      const uint2 w8 = staged_codes<S::kBits>(st[t] + (g + 8) * S::kRowBytes, chunk + 4 * j);
-      const uint32_t a[4] = {wg.x, w8.x, wg.y, w8.y};
-      imma<true>(d[t][0], a, x.frag[j][0][0], x.frag[j][0][1]);
-      imma<true>(d[t][1], a, x.frag[j][1][0], x.frag[j][1][1]);
-      imma<false>(d[t][2], a, x.frag[j][2][0], x.frag[j][2][1]);
-    }
+    const uint2 wg = staged_codes<S::kBits>(rg, chunk + 4 * j);
+    const uint2 w8 = staged_codes<S::kBits>(r8, chunk + 4 * j);
+    const uint32_t a[4] = {wg.x, w8.x, wg.y, w8.y};
+    imma<true>(d[0], a, x.frag[j][0][0], x.frag[j][0][1]);
+    imma<true>(d[1], a, x.frag[j][1][0], x.frag[j][1][1]);
+    imma<false>(d[2], a, x.frag[j][2][0], x.frag[j][2][1]);
     if ((j + 1) % kPieceBlocks == 0) {
       const int p = j / kPieceBlocks;
+      const float scale[2] = {sg.at(p, meta.f16), s8.at(p, meta.f16)};
+      const float bias[2] = {bg.at(p, meta.f16) + kOffset * scale[0],
+                             b8.at(p, meta.f16) + kOffset * scale[1]};
 #pragma unroll
-      for (int t = 0; t < N; ++t) {
-        const float scale[2] = {sg[t].at(p, meta.f16), s8[t].at(p, meta.f16)};
-        const float bias[2] = {bg[t].at(p, meta.f16) + kOffset * scale[0],
-                               b8[t].at(p, meta.f16) + kOffset * scale[1]};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // weight row g + 8 (e >> 1), activation row 2 q + (e & 1)
-          const int64_t sum = (static_cast<int64_t>(d[t][2][e]) << 16) +
-                              (static_cast<int64_t>(d[t][1][e]) << 8) + d[t][0][e] -
-                              kOffset * static_cast<int64_t>(x.xsum[p][e & 1]);
-          const float centred = static_cast<float>(sum) * x.unscale[e & 1];
-          const float xs = static_cast<float>(x.xsum[p][e & 1]) * x.unscale[e & 1];
-          acc[t][e] = acc[t][e] + (scale[e >> 1] * centred + bias[e >> 1] * xs);
-          d[t][0][e] = d[t][1][e] = d[t][2][e] = 0;
-        }
+      for (int e = 0; e < 4; ++e) {  // weight row g + 8 (e >> 1), activation row 2 q + (e & 1)
+        const int64_t sum = (static_cast<int64_t>(d[2][e]) << 16) + (static_cast<int64_t>(d[1][e]) << 8) +
+                            d[0][e] - kOffset * static_cast<int64_t>(x.xsum[p][e & 1]);
+        const float centred = static_cast<float>(sum) * x.unscale[e & 1];
+        const float xs = static_cast<float>(x.xsum[p][e & 1]) * x.unscale[e & 1];
+        acc[e] = acc[e] + (scale[e >> 1] * centred + bias[e >> 1] * xs);
+        d[0][e] = d[1][e] = d[2][e] = 0;
       }
     }
   }
-}
-
-// One tile: acc += the staged tile st x this warp's slice of the activations (affine_products).
-template <typename S, int PPS, typename X>
-__device__ __forceinline__ void affine_product(const uint8_t* st, int warp, int lane, const AffineMeta& meta,
-                                               const X& x, float acc[4]) {
-  const uint8_t* const tiles[1] = {st};
-  float a[1][4] = {{acc[0], acc[1], acc[2], acc[3]}};
-  affine_products<S, PPS, 1>(tiles, warp, lane, meta, x, a);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) acc[e] = a[0][e];
 }
 
 // Producer lanes 16-19: the scales and biases of rows [n0, n0 + count) of matrix m (data pointers already
