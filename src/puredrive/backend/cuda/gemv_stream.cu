@@ -119,33 +119,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// The copies of fill f of an affine stream (one tile of whole rows, its scales and biases) by the calling
-// warp; *i: the matrix of the previous fill (tile_rows). wait: whether to wait until the consumers released
-// the stage (the producer warp), else the caller knows it is free.
-template <typename S>
-__device__ __forceinline__ void fill_affine_tile(const MmaTargets& t, const Ring<S>& ring,
-                                                 const AffineMeta& meta, int64_t tile_begin, int f, int lane,
-                                                 int* i, bool wait) {
-  const int64_t n0 = tile_rows(t, tile_begin + f, i);
-  const DevMatrix& m = t.m[*i];
-  const int valid = static_cast<int>(m.rows - n0 < kTile ? m.rows - n0 : kTile);       // rows past the end
-  ring.begin_fill(f, lane, kTile * S::kCodeBytes + 2 * valid * meta.row_bytes, wait);  // repeat the last
-  if (lane < kTile) {
-    const int64_t n = lane < valid ? n0 + lane : m.rows - 1;
-    ring.copy(f, lane * S::kRowBytes, static_cast<const uint8_t*>(m.data) + n * S::kCodeBytes, S::kCodeBytes);
-  }
-  copy_meta<S>(ring, f, lane, kTile, m.scales, m.biases, meta.row_bytes, n0, 0, valid);
-}
-
 // Affine matrices (stream_affine.cuh): the same tiles, one stage per tile.
-//
-// SELF: no producer warp; consumer warp 0 issues the copies: the first ring's worth at the start, then before
-// its product of tile f the fill that reuses tile f - 1's stage, once every warp has released it. 17 warps
-// put 5 on one of the SM's four schedulers, whose quarter of the register file then allows 96 registers per
-// thread (ptxas's bound for 544 threads): the 4096-wide products spilled their activation fragments. 16
-// warps allow 128.
-template <int KB, int BITS, int PPS, bool VEC, bool SELF>
-__global__ void __launch_bounds__(SELF ? kConsumers * 32 : kThreads, 1)
+template <int KB, int BITS, int PPS, bool VEC>
+__global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_affine_kernel(const __grid_constant__ MmaTargets t, const float* x, int64_t xs, int rows) {
   using S = AffineShape<KB, BITS>;
   PD_TRACE_SCOPE(kGemvStreamAffine, rows);
@@ -161,14 +137,20 @@ __global__ void __launch_bounds__(SELF ? kConsumers * 32 : kThreads, 1)
   __syncthreads();
   pdl_launch_dependents();
 
-  int fi = 0;  // SELF: the matrix of warp 0's last fill
-  if constexpr (SELF) {
-    if (warp == 0) {
-      for (int f = 0; f < count && f < S::kStages; ++f)
-        fill_affine_tile(t, ring, meta, tile_begin, f, lane, &fi, false);
+  if (warp == kConsumers) {
+    int i = 0;
+    for (int f = 0; f < count; ++f) {
+      const int64_t n0 = tile_rows(t, tile_begin + f, &i);
+      const DevMatrix& m = t.m[i];
+      const int valid = static_cast<int>(m.rows - n0 < kTile ? m.rows - n0 : kTile);  // rows past the end
+      ring.begin_fill(f, lane, kTile * S::kCodeBytes + 2 * valid * meta.row_bytes);   // repeat the last
+      if (lane < kTile) {
+        const int64_t n = lane < valid ? n0 + lane : m.rows - 1;
+        ring.copy(f, lane * S::kRowBytes, static_cast<const uint8_t*>(m.data) + n * S::kCodeBytes,
+                  S::kCodeBytes);
+      }
+      copy_meta<S>(ring, f, lane, kTile, m.scales, m.biases, meta.row_bytes, n0, 0, valid);
     }
-  } else if (warp == kConsumers) {
-    for (int f = 0; f < count; ++f) fill_affine_tile(t, ring, meta, tile_begin, f, lane, &fi, true);
     return;
   }
 
@@ -190,10 +172,6 @@ __global__ void __launch_bounds__(SELF ? kConsumers * 32 : kThreads, 1)
     for (int k = 0; k < kTilesPerSync; ++k) {
       if (k < per && f0 + k < count) {
         float acc[4] = {};
-        const int next = f0 + k - 1 + S::kStages;  // reuses the stage of tile f0 + k - 1
-        if (SELF && warp == 0 && f0 + k >= 1 && next < count) {
-          fill_affine_tile(t, ring, meta, tile_begin, next, lane, &fi, true);
-        }
         ring.wait_full(f0 + k);
         affine_product<S, PPS>(ring.stage(f0 + k), warp, lane, meta, ax, acc);
         ring.release(f0 + k, lane);
@@ -207,7 +185,7 @@ __global__ void __launch_bounds__(SELF ? kConsumers * 32 : kThreads, 1)
   }
 }
 
-template <typename S, auto Kernel, int kBlockThreads = kThreads>
+template <typename S, auto Kernel>
 void launch_stream_kernel(const MmaTargets& t, const float* x, int64_t xs, int rows, cudaStream_t stream) {
   static const int sms = prepare_kernel<S>(Kernel);
   static const bool evict_first = env_switch_on("PD_L2_EVICT_FIRST");
@@ -216,7 +194,7 @@ void launch_stream_kernel(const MmaTargets& t, const float* x, int64_t xs, int r
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
   MmaTargets te = t;
   te.evict_first = evict_first ? 1 : 0;
-  launch_pdl(Kernel, dim3(grid), dim3(kBlockThreads), S::kSmemBytes, stream, te, x, xs, rows);
+  launch_pdl(Kernel, dim3(grid), dim3(kThreads), S::kSmemBytes, stream, te, x, xs, rows);
 }
 
 template <int KB, bool VEC>
@@ -225,19 +203,12 @@ void launch_shape(const MmaTargets& t, const float* x, int64_t xs, int rows, cud
     static const int per = env_switch_on("PD_STREAM_PAIRS") ? kTilesPerSync : 1;
     MmaTargets tp = t;
     tp.tiles_per_sync = per;
-    static const bool self = env_switch_on("PD_AFFINE_SELF_FILL");
     with_stream_bits(t.m[0].bits, [&](auto bits) {
       constexpr int kBits = decltype(bits)::value;
       using S = AffineShape<KB, kBits>;
       with_pieces<S>(t.m[0].group_size, [&](auto pps) {
-        constexpr int kPps = decltype(pps)::value;
-        if (self) {
-          launch_stream_kernel<S, gemv_stream_affine_kernel<KB, kBits, kPps, VEC, true>, kConsumers * 32>(
-              tp, x, xs, rows, stream);
-        } else {
-          launch_stream_kernel<S, gemv_stream_affine_kernel<KB, kBits, kPps, VEC, false>>(tp, x, xs, rows,
-                                                                                          stream);
-        }
+        launch_stream_kernel<S, gemv_stream_affine_kernel<KB, kBits, decltype(pps)::value, VEC>>(
+            tp, x, xs, rows, stream);
       });
     });
     return;

@@ -131,8 +131,8 @@ struct Ring {
   __device__ uint8_t* stage(int f) const { return stages + slot(f) * S::kStageBytes; }
 
   // Producer warp: waits until fill f's stage is free and announces the bytes of its copies (lane 0).
-  __device__ void begin_fill(int f, int lane, uint32_t bytes = S::kFillBytes, bool wait = true) const {
-    if (wait && f >= S::kStages) mbar_wait(&empty[slot(f)], phase(f) ^ 1u);
+  __device__ void begin_fill(int f, int lane, uint32_t bytes = S::kFillBytes) const {
+    if (f >= S::kStages) mbar_wait(&empty[slot(f)], phase(f) ^ 1u);
     if (lane == 0) mbar_expect(&full[slot(f)], bytes);
     __syncwarp();
   }
