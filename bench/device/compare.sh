@@ -187,6 +187,8 @@ for nb in ${PD_NCU_BUNDLES:-cand}; do
   fi
   label="$q ctx $ctx R=$nr"; [ "$nb" = cand ] || label="$nb $label"
   python3 bench/device/ncu_summary.py "$det/ncu_$tag.csv" "$label" | tee -a "$out/summary.txt"
+  python3 bench/device/ncu_summary.py "$det/ncu_$tag.csv" "$label, per kernel instance" --shapes \
+    | tee -a "$out/summary.txt"
  done
  done
  done
