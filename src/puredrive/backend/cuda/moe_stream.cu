@@ -627,6 +627,122 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// A 512-column affine row over 8 consumer warps of 64 columns each (the split down kernel), where
+// AffineShape<1, BITS> gives each of 16 warps 32 columns.
+template <int BITS>
+struct SplitShape : AffineShape<1, BITS> {
+  static constexpr int kSlice = 64;
+  static constexpr int kBlocks = 2;
+};
+
+// Down + combine of affine experts with the expert items split between the two halves of the consumer
+// warps: warp w multiplies columns [64 (w % 8), + 64) of items j = w / 8, w / 8 + 2, ..., so each exchange
+// of the partials serves two items at once and each warp's chain of experts (the activations' fixed-point
+// split, the integer products, the fold) is half as long as in moe_down_stream_kernel, where every warp
+// takes 32 columns of every item. The same tiles and ring; every warp releases both stages of a pair, so a
+// stage's empty barrier still counts 16 arrivals, 8 of them after the reads. An item's output is its 8
+// warps' partials summed in warp order, then combined in ascending order as there; the fixed-point scale
+// is per row and 64 columns, so a result depends on its row alone.
+template <typename W, int PPS>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_down_split_kernel(const __grid_constant__ MoeStreamArgs a) {
+  using S = typename W::S;
+  using TR = SplitShape<W::SR::kBits>;
+  using TS = SplitShape<W::SS::kBits>;
+  using X = AffineX<TR, PPS>;  // TR and TS have the same slices
+  PD_TRACE_SCOPE(kMoeDown, a.rows);
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ SlotTable table;
+  const Ring<S> ring(smem, a.evict_first != 0);
+  const MoeLaunch& m = a.m;
+  const W tiles_of(m.down);
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int col_tiles = m.hidden / kTile;
+  const int G = static_cast<int>(gridDim.x);
+  if (threadIdx.x == 0) ring.init();
+  __syncthreads();
+  pdl_launch_dependents();
+
+  if (warp == kConsumers) {
+    int f = 0;
+    auto fill = [&](int nt, int j) {
+      const DevMatrix* w = j == 0 ? &m.sh_down : &m.down;
+      const int e = j == 0 ? 0 : a.used[j - 1];
+      tiles_of.fill(ring, &f, lane, j == 0, Half{w, e, static_cast<int64_t>(nt) * kTile},
+                    Half{w, e, static_cast<int64_t>(nt) * kTile + 8});
+    };
+    fill(static_cast<int>(blockIdx.x), 0);  // the shared expert's rows, before the route is known
+    pdl_wait();
+    const int count = *a.count;
+    for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G) {
+      for (int j = nt == static_cast<int>(blockIdx.x) ? 1 : 0; j <= count; ++j) fill(nt, j);
+    }
+    return;
+  }
+
+  pdl_wait();
+  const int count = *a.count;
+  build_slots(a, a.sel, a.wts, a.used, count, &table);
+  const int g = lane >> 2, q = lane & 3;
+  const int slice = warp & 7, half = warp >> 3;
+  const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
+  const bool owner = threadIdx.x < kTile * 8;  // of output (column tile row off, step row r)
+  const AffineMeta meta(m.down);
+  auto load = [&](int j, float(&v)[TR::kBlocks][8]) {
+    const float* row = act_row(a, table, j, g);
+    X::template load_raw<true>(row == nullptr ? nullptr : row + slice * TR::kSlice, q, v);
+  };
+  int f0 = 0, buf = 0;
+  for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G, f0 += count + 1) {
+    float acc = 0.0f, ys = 0.0f;
+    // This warp's items j = half, half + 2, ...: item j + 2's fragments are made while item j's product
+    // runs, and its raw values loaded one item earlier still.
+    float v[TR::kBlocks][8];
+    X x;
+    load(half, v);
+    x.make(v, q);
+    if (half + 2 <= count) load(half + 2, v);
+    for (int j0 = 0; j0 <= count; j0 += 2, buf ^= 1) {
+      const int j = j0 + half;
+      float part[4] = {};
+      if (j <= count) {
+        X next;
+        if (j + 2 <= count) {
+          next.make(v, q);
+          if (j + 4 <= count) load(j + 4, v);
+        }
+        ring.wait_full(f0 + j);
+        if (TR::kBits != TS::kBits && j == 0) {
+          affine_product<TS, PPS>(ring.stage(f0 + j), slice, lane, meta, x, part);
+        } else {
+          affine_product<TR, PPS>(ring.stage(f0 + j), slice, lane, meta, x, part);
+        }
+        if (j + 2 <= count) x = next;
+      }
+      ring.release(f0 + j0, lane);
+      if (j0 + 1 <= count) ring.release(f0 + j0 + 1, lane);
+      stash(ring.part, buf * 2 + half, slice, lane, part);
+      consumers_sync();
+      if (owner) {
+        for (int k = 0; k < 2 && j0 + k <= count; ++k) {
+          const int jj = j0 + k;
+          const float y = tile_output<8>(ring.part, buf * 2 + k, off, r);
+          if (jj == 0) {
+            ys = y;
+          } else if (table.slot[jj - 1][r] >= 0) {
+            acc = acc + y * table.wt[jj - 1][r];
+          }
+        }
+      }
+    }
+    if (owner && r < a.rows) {
+      const float out = acc + sigmoidf_(a.sg[r]) * ys;
+      float* o = m.out + r * m.out_stride + static_cast<int64_t>(nt) * kTile + off;
+      *o = m.accumulate ? *o + out : out;
+    }
+  }
+}
+
 template <typename W>
 void launch_kernel(void (*kernel)(MoeStreamArgs), const MoeStreamArgs& a, int blocks, cudaStream_t stream) {
   PD_TRACE_ENSURE();
@@ -745,9 +861,22 @@ void launch_moe_stream_down(const MoeStreamArgs& a, cudaStream_t stream) {
   if (a.m.down.fmt == WFmt::kBF16) {
     launch_down<Bf16Tiles<1>>(a, stream);
   } else {
+    static const bool split = env_switch_on("PD_DOWN_SPLIT");
     with_stream_bits(a.m.down.bits, [&](auto bits) {
-      with_shared_width<1, decltype(bits)::value, 1>(
-          a.m.sh_down.bits, [&](auto tiles) { launch_down<typename decltype(tiles)::type>(a, stream); });
+      constexpr int kBits = decltype(bits)::value;
+      with_shared_width<1, kBits, 1>(a.m.sh_down.bits, [&](auto tiles) {
+        using W = typename decltype(tiles)::type;
+        if (!split) {
+          launch_down<W>(a, stream);
+          return;
+        }
+        with_pieces<SplitShape<kBits>>(a.m.down.group_size, [&](auto pps) {
+          constexpr auto kernel = moe_down_split_kernel<W, decltype(pps)::value>;
+          static const int sms = prepare_kernel<typename W::S>(kernel);
+          const int col_tiles = a.m.hidden / kTile;
+          launch_kernel<W>(kernel, a, col_tiles < sms ? col_tiles : sms, stream);
+        });
+      });
     });
   }
 }

@@ -250,12 +250,14 @@ __device__ __forceinline__ void publish(float4* part, int buf, int warp, int lan
 
 // The tile's output (weight row `off` of the tile, step row r): the consumer warps' partials summed in warp
 // order. Element e of lane (off % 8, r / 2) of each warp holds it.
+// kWarps: the warps that stashed partials of the tile (the first kWarps of the slot).
+template <int kWarps = kConsumers>
 __device__ __forceinline__ float tile_output(const float4* part, int buf, int off, int r) {
   const int src = (off & 7) * 4 + (r >> 1), e = (off >= 8 ? 2 : 0) + (r & 1);
   const float* p = reinterpret_cast<const float*>(part + buf * kConsumers * 32);
   float sum = p[src * 4 + e];
 #pragma unroll
-  for (int w = 1; w < kConsumers; ++w) sum += p[(w * 32 + src) * 4 + e];
+  for (int w = 1; w < kWarps; ++w) sum += p[(w * 32 + src) * 4 + e];
   return sum;
 }
 
