@@ -533,6 +533,46 @@ __device__ __forceinline__ const float* act_row(const MoeStreamArgs& a, const Sl
   return slot < 0 ? nullptr : a.act + (static_cast<int64_t>(g) * a.m.top_k + slot) * a.m.inter;
 }
 
+// Producer warp of the down kernels: per column tile nt of this block, the shared expert's 16 rows (the
+// first tile's before the route is known), then each used expert's in ascending id.
+template <typename W>
+__device__ void fill_down_tiles(const MoeStreamArgs& a, const W& tiles_of, const Ring<typename W::S>& ring,
+                                int lane) {
+  const MoeLaunch& m = a.m;
+  int f = 0;
+  auto fill = [&](int nt, int j) {
+    const DevMatrix* w = j == 0 ? &m.sh_down : &m.down;
+    const int e = j == 0 ? 0 : a.used[j - 1];
+    tiles_of.fill(ring, &f, lane, j == 0, Half{w, e, static_cast<int64_t>(nt) * kTile},
+                  Half{w, e, static_cast<int64_t>(nt) * kTile + 8});
+  };
+  fill(static_cast<int>(blockIdx.x), 0);
+  pdl_wait();
+  const int count = *a.count;
+  for (int nt = static_cast<int>(blockIdx.x); nt < m.hidden / kTile; nt += static_cast<int>(gridDim.x)) {
+    for (int j = nt == static_cast<int>(blockIdx.x) ? 1 : 0; j <= count; ++j) fill(nt, j);
+  }
+}
+
+// Expert item j's output y for step row r into the combine: the shared expert's (j = 0) kept apart, a
+// routed expert's weighted in if row r selected it (called in ascending j: the CPU backend's order).
+__device__ __forceinline__ void add_item(const SlotTable& table, int j, int r, float y, float* acc,
+                                         float* ys) {
+  if (j == 0) {
+    *ys = y;
+  } else if (table.slot[j - 1][r] >= 0) {
+    *acc = *acc + y * table.wt[j - 1][r];
+  }
+}
+
+// Output (column tile nt, row off) of step row r: the routed experts' sum plus the gated shared expert.
+__device__ __forceinline__ void store_down(const MoeStreamArgs& a, int nt, int off, int r, float acc,
+                                           float ys) {
+  const float out = acc + sigmoidf_(a.sg[r]) * ys;
+  float* o = a.m.out + r * a.m.out_stride + static_cast<int64_t>(nt) * kTile + off;
+  *o = a.m.accumulate ? *o + out : out;
+}
+
 // Intermediate size 512: W's shape of KB = 1 (one tile per stage, 32 columns per consumer warp).
 template <typename W>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -553,19 +593,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_launch_dependents();
 
   if (warp == kConsumers) {
-    int f = 0;
-    auto fill = [&](int nt, int j) {
-      const DevMatrix* w = j == 0 ? &m.sh_down : &m.down;
-      const int e = j == 0 ? 0 : a.used[j - 1];
-      tiles_of.fill(ring, &f, lane, j == 0, Half{w, e, static_cast<int64_t>(nt) * kTile},
-                    Half{w, e, static_cast<int64_t>(nt) * kTile + 8});
-    };
-    fill(static_cast<int>(blockIdx.x), 0);  // the shared expert's rows, before the route is known
-    pdl_wait();
-    const int count = *a.count;
-    for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G) {
-      for (int j = nt == static_cast<int>(blockIdx.x) ? 1 : 0; j <= count; ++j) fill(nt, j);
-    }
+    fill_down_tiles(a, tiles_of, ring, lane);
     return;
   }
 
@@ -610,20 +638,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (owner) {
         for (int k = 0; k < per && j0 + k <= count; ++k) {
           const int j = j0 + k;
-          const float y = tile_output(ring.part, buf * kPer + k, off, r);
-          if (j == 0) {
-            ys = y;
-          } else if (table.slot[j - 1][r] >= 0) {
-            acc = acc + y * table.wt[j - 1][r];
-          }
+          add_item(table, j, r, tile_output(ring.part, buf * kPer + k, off, r), &acc, &ys);
         }
       }
     }
-    if (owner && r < a.rows) {
-      const float out = acc + sigmoidf_(a.sg[r]) * ys;
-      float* o = m.out + r * m.out_stride + static_cast<int64_t>(nt) * kTile + off;
-      *o = m.accumulate ? *o + out : out;
-    }
+    if (owner && r < a.rows) store_down(a, nt, off, r, acc, ys);
   }
 }
 
@@ -664,19 +683,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_launch_dependents();
 
   if (warp == kConsumers) {
-    int f = 0;
-    auto fill = [&](int nt, int j) {
-      const DevMatrix* w = j == 0 ? &m.sh_down : &m.down;
-      const int e = j == 0 ? 0 : a.used[j - 1];
-      tiles_of.fill(ring, &f, lane, j == 0, Half{w, e, static_cast<int64_t>(nt) * kTile},
-                    Half{w, e, static_cast<int64_t>(nt) * kTile + 8});
-    };
-    fill(static_cast<int>(blockIdx.x), 0);  // the shared expert's rows, before the route is known
-    pdl_wait();
-    const int count = *a.count;
-    for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G) {
-      for (int j = nt == static_cast<int>(blockIdx.x) ? 1 : 0; j <= count; ++j) fill(nt, j);
-    }
+    fill_down_tiles(a, tiles_of, ring, lane);
     return;
   }
 
@@ -726,20 +733,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (owner) {
         for (int k = 0; k < 2 && j0 + k <= count; ++k) {
           const int jj = j0 + k;
-          const float y = tile_output<8>(ring.part, buf * 2 + k, off, r);
-          if (jj == 0) {
-            ys = y;
-          } else if (table.slot[jj - 1][r] >= 0) {
-            acc = acc + y * table.wt[jj - 1][r];
-          }
+          add_item(table, jj, r, tile_output<8>(ring.part, buf * 2 + k, off, r), &acc, &ys);
         }
       }
     }
-    if (owner && r < a.rows) {
-      const float out = acc + sigmoidf_(a.sg[r]) * ys;
-      float* o = m.out + r * m.out_stride + static_cast<int64_t>(nt) * kTile + off;
-      *o = m.accumulate ? *o + out : out;
-    }
+    if (owner && r < a.rows) store_down(a, nt, off, r, acc, ys);
   }
 }
 
