@@ -22,7 +22,8 @@
 // first tile before the route is known). The thread of output (n, r) keeps y_shared and accumulates
 // ((0 + w_1 y_1) + w_2 y_2) + ... over the experts row r selected, in ascending id, then adds
 // sigmoid(sg) * y_shared: the CPU backend's order. The next expert's activations are loaded while the
-// current one is multiplied.
+// current one is multiplied. Affine experts take moe_down_split_kernel, whose two halves of the consumer
+// warps take alternate experts (8-bit decode +4%, bench/results/2026-12-04-h200-c3e5e57.md).
 //
 // Measured and dropped (H200, exploratory builds, ncu times of the down kernel): each warp accumulating
 // its weighted partials with one cross-warp sum per column tile, on a ring of 11 stages (11.9 -> 12.8 us at
