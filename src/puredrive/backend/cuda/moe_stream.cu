@@ -22,7 +22,7 @@
 // first tile before the route is known). The thread of output (n, r) keeps y_shared and accumulates
 // ((0 + w_1 y_1) + w_2 y_2) + ... over the experts row r selected, in ascending id, then adds
 // sigmoid(sg) * y_shared: the CPU backend's order. The next expert's activations are loaded while the
-// current one is multiplied. Affine experts take moe_down_split_kernel, whose two halves of the consumer
+// current one is multiplied. Affine experts take down_split_items, whose two halves of the consumer
 // warps take alternate experts (8-bit decode +4%, bench/results/2026-12-04-h200-c3e5e57.md).
 //
 // Measured and dropped (H200, exploratory builds, ncu times of the down kernel): each warp accumulating
@@ -574,35 +574,12 @@ __device__ __forceinline__ void store_down(const MoeStreamArgs& a, int nt, int o
   *o = a.m.accumulate ? *o + out : out;
 }
 
-// Intermediate size 512: W's shape of KB = 1 (one tile per stage, 32 columns per consumer warp).
+// Consumer warps of the down kernel: every warp takes 32 columns of every expert item, in ascending order.
 template <typename W>
-__global__ void __launch_bounds__(kThreads, 1)
-    moe_down_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
-  using S = typename W::S;
-  static_assert(S::kCols == 512, "down products of one 512-column row");
-  PD_TRACE_SCOPE(kMoeDown, a.rows);
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ SlotTable table;
-  const Ring<S> ring(smem, a.evict_first != 0);
-  const MoeLaunch& m = a.m;
-  const W tiles_of(m.down);
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int col_tiles = m.hidden / kTile;
+__device__ void down_every_item(const MoeStreamArgs& a, const SlotTable& table, const W& tiles_of,
+                                const Ring<typename W::S>& ring, int count, int warp, int lane) {
+  const int col_tiles = a.m.hidden / kTile;
   const int G = static_cast<int>(gridDim.x);
-  if (threadIdx.x == 0) ring.init();
-  __syncthreads();
-  pdl_launch_dependents();
-
-  if (warp == kConsumers) {
-    fill_down_tiles(a, tiles_of, ring, lane);
-    return;
-  }
-
-  pdl_wait();
-  PD_TRACE_STAMP(0);
-  const int count = *a.count;
-  build_slots(a, a.sel, a.wts, a.used, count, &table);
-  PD_TRACE_STAMP(1);
   const int g = lane >> 2, q = lane & 3;
   const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
   const bool owner = threadIdx.x < kTile * 8;  // of output (column tile row off, step row r)
@@ -658,44 +635,24 @@ struct SplitShape : AffineShape<1, BITS> {
 // Down + combine of affine experts with the expert items split between the two halves of the consumer
 // warps: warp w multiplies columns [64 (w % 8), + 64) of items j = w / 8, w / 8 + 2, ..., so each exchange
 // of the partials serves two items at once and each warp's chain of experts (the activations' fixed-point
-// split, the integer products, the fold) is half as long as in moe_down_stream_kernel, where every warp
+// split, the integer products, the fold) is half as long as in down_every_item, where every warp
 // takes 32 columns of every item. The same tiles and ring; every warp releases both stages of a pair, so a
 // stage's empty barrier still counts 16 arrivals, 8 of them after the reads. An item's output is its 8
 // warps' partials summed in warp order, then combined in ascending order as there; the fixed-point scale
 // is per row and 64 columns, so a result depends on its row alone.
 template <typename W, int PPS>
-__global__ void __launch_bounds__(kThreads, 1)
-    moe_down_split_kernel(const __grid_constant__ MoeStreamArgs a) {
-  using S = typename W::S;
+__device__ void down_split_items(const MoeStreamArgs& a, const SlotTable& table,
+                                 const Ring<typename W::S>& ring, int count, int warp, int lane) {
   using TR = SplitShape<W::SR::kBits>;
   using TS = SplitShape<W::SS::kBits>;
   using X = AffineX<TR, PPS>;  // TR and TS have the same slices
-  PD_TRACE_SCOPE(kMoeDown, a.rows);
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ SlotTable table;
-  const Ring<S> ring(smem, a.evict_first != 0);
-  const MoeLaunch& m = a.m;
-  const W tiles_of(m.down);
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int col_tiles = m.hidden / kTile;
+  const int col_tiles = a.m.hidden / kTile;
   const int G = static_cast<int>(gridDim.x);
-  if (threadIdx.x == 0) ring.init();
-  __syncthreads();
-  pdl_launch_dependents();
-
-  if (warp == kConsumers) {
-    fill_down_tiles(a, tiles_of, ring, lane);
-    return;
-  }
-
-  pdl_wait();
-  const int count = *a.count;
-  build_slots(a, a.sel, a.wts, a.used, count, &table);
   const int g = lane >> 2, q = lane & 3;
   const int slice = warp & 7, half = warp >> 3;
   const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
   const bool owner = threadIdx.x < kTile * 8;  // of output (column tile row off, step row r)
-  const AffineMeta meta(m.down);
+  const AffineMeta meta(a.m.down);
   auto load = [&](int j, float(&v)[TR::kBlocks][8]) {
     const float* row = act_row(a, table, j, g);
     X::template load_raw<true>(row == nullptr ? nullptr : row + slice * TR::kSlice, q, v);
@@ -742,6 +699,41 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// Down + combine, intermediate size 512: W's shape of KB = 1 (one tile per stage). SPLIT_PPS: 0, every warp
+// takes every expert item (down_every_item); else the affine split kernel with that many group pieces per
+// 64-column slice (down_split_items).
+template <typename W, int SPLIT_PPS = 0>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_down_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
+  using S = typename W::S;
+  static_assert(S::kCols == 512, "down products of one 512-column row");
+  PD_TRACE_SCOPE(kMoeDown, a.rows);
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ SlotTable table;
+  const Ring<S> ring(smem, a.evict_first != 0);
+  const W tiles_of(a.m.down);
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  if (threadIdx.x == 0) ring.init();
+  __syncthreads();
+  pdl_launch_dependents();
+
+  if (warp == kConsumers) {
+    fill_down_tiles(a, tiles_of, ring, lane);
+    return;
+  }
+
+  pdl_wait();
+  PD_TRACE_STAMP(0);
+  const int count = *a.count;
+  build_slots(a, a.sel, a.wts, a.used, count, &table);
+  PD_TRACE_STAMP(1);
+  if constexpr (SPLIT_PPS == 0) {
+    down_every_item(a, table, tiles_of, ring, count, warp, lane);
+  } else {
+    down_split_items<W, SPLIT_PPS>(a, table, ring, count, warp, lane);
+  }
+}
+
 template <typename W>
 void launch_kernel(void (*kernel)(MoeStreamArgs), const MoeStreamArgs& a, int blocks, cudaStream_t stream) {
   PD_TRACE_ENSURE();
@@ -764,11 +756,11 @@ void launch_up(const MoeStreamArgs& a, cudaStream_t stream) {
   launch_kernel<W>(moe_up_stream_kernel<W>, b, sms, stream);
 }
 
-template <typename W>
+template <typename W, int SPLIT_PPS = 0>
 void launch_down(const MoeStreamArgs& a, cudaStream_t stream) {
-  static const int sms = prepare_kernel<typename W::S>(moe_down_stream_kernel<W>);
+  static const int sms = prepare_kernel<typename W::S>(moe_down_stream_kernel<W, SPLIT_PPS>);
   const int col_tiles = a.m.hidden / kTile;
-  launch_kernel<W>(moe_down_stream_kernel<W>, a, col_tiles < sms ? col_tiles : sms, stream);
+  launch_kernel<W>(moe_down_stream_kernel<W, SPLIT_PPS>, a, col_tiles < sms ? col_tiles : sms, stream);
 }
 
 template <typename T>
@@ -869,12 +861,8 @@ void launch_moe_stream_down(const MoeStreamArgs& a, cudaStream_t stream) {
           launch_down<W>(a, stream);
           return;
         }
-        with_pieces<SplitShape<kBits>>(a.m.down.group_size, [&](auto pps) {
-          constexpr auto kernel = moe_down_split_kernel<W, decltype(pps)::value>;
-          static const int sms = prepare_kernel<typename W::S>(kernel);
-          const int col_tiles = a.m.hidden / kTile;
-          launch_kernel<W>(kernel, a, col_tiles < sms ? col_tiles : sms, stream);
-        });
+        with_pieces<SplitShape<kBits>>(a.m.down.group_size,
+                                       [&](auto pps) { launch_down<W, decltype(pps)::value>(a, stream); });
       });
     });
   }
