@@ -206,9 +206,14 @@ struct AffineX {
   }
 };
 
-// Four 6-bit codes (the low 24 bits of v) spread to one byte each.
+// Four 6-bit codes (the low 24 bits of v; the top byte is ignored) spread to one byte each: the two 12-bit
+// halves to bits 0 and 16, then each half's upper code moved up 2 bits by adding 3 times itself. Five
+// integer operations, two of them multiply-adds on the FMA pipe, where shifting and masking each code took
+// seven on the integer pipe (the 6-bit output head ran at 2.14 TB/s against 8-bit's 3.06,
+// bench/results/2026-12-04-h200-311d8db.md).
 __device__ __forceinline__ uint32_t spread6(uint32_t v) {
-  return (v & 0x3fu) | ((v << 2) & 0x3f00u) | ((v << 4) & 0x3f0000u) | ((v << 6) & 0x3f000000u);
+  const uint32_t p = (v & 0xfffu) + (v & 0xfff000u) * 16u;
+  return p + (p & 0x0fc00fc0u) * 3u;
 }
 
 // The eight codes of chunk c (columns 8 c .. 8 c + 7) of a staged row, one byte each: codes 0-3 and 4-7.
@@ -223,10 +228,12 @@ __device__ __forceinline__ uint2 staged_codes(const uint8_t* row, int c) {
     return make_uint2(__byte_perm(even, odd, 0x5140), __byte_perm(even, odd, 0x7362));
   } else {
     static_assert(BITS == 6, "4-, 6- and 8-bit codes");
-    // 6 bytes from 6 c: two aligned words hold them (c odd: 2 bytes into the first).
+    // 6 bytes from 6 c: two aligned words hold them (c odd: 2 bytes into the first); each 3-byte half is
+    // picked out with one byte permutation.
     const uint32_t* w = reinterpret_cast<const uint32_t*>(row + 6 * c - 2 * (c & 1));
-    const uint64_t v = ((static_cast<uint64_t>(w[1]) << 32) | w[0]) >> (16 * (c & 1));
-    return make_uint2(spread6(static_cast<uint32_t>(v)), spread6(static_cast<uint32_t>(v >> 24)));
+    const uint32_t odd = 0x222u * static_cast<uint32_t>(c & 1);
+    return make_uint2(spread6(__byte_perm(w[0], w[1], 0x210u + odd)),
+                      spread6(__byte_perm(w[0], w[1], 0x543u + odd)));
   }
 }
 
