@@ -22,9 +22,8 @@
 // first tile before the route is known). The thread of output (n, r) keeps y_shared and accumulates
 // ((0 + w_1 y_1) + w_2 y_2) + ... over the experts row r selected, in ascending id, then adds
 // sigmoid(sg) * y_shared: the CPU backend's order. The next expert's activations are loaded while the
-// current one is multiplied. The kernel takes down_split_items, whose two halves of the consumer warps take
-// alternate experts (affine 8-bit decode +4%, bench/results/2026-12-04-h200-c3e5e57.md); PD_DOWN_SPLIT=0
-// gives down_every_item, every warp on every expert.
+// current one is multiplied. Affine experts take down_split_items, whose two halves of the consumer
+// warps take alternate experts (8-bit decode +4%, bench/results/2026-12-04-h200-c3e5e57.md).
 //
 // Measured and dropped (H200, exploratory builds, ncu times of the down kernel): each warp accumulating
 // its weighted partials with one cross-warp sum per column tile, on a ring of 11 stages (11.9 -> 12.8 us at
@@ -625,94 +624,46 @@ __device__ void down_every_item(const MoeStreamArgs& a, const SlotTable& table, 
   }
 }
 
-// The split down kernel's steps per weight format (down_split_items): a lane's activations of its warp's
-// 64 columns (load, X::make) and one item's product from its stage.
-struct Bf16Split {
-  // Shape<1>'s stage (512 columns per row), 64 columns per consumer warp.
-  struct S : Shape<1> {
-    static constexpr int kSlice = 64;
-    static constexpr int kBlocks32 = 2;
-  };
-  using Raw = float[S::kBlocks32][8];
-  struct X {
-    uint32_t frag[S::kBlocks32][8];
-    __device__ void make(const Raw& v, int) {
-#pragma unroll
-      for (int h = 0; h < S::kBlocks32; ++h) split_fragment(v[h], frag[h]);
-    }
-  };
-  __device__ explicit Bf16Split(const DevMatrix&) {}
-  __device__ static void load(const float* row, int slice, int q, Raw& v) {
-#pragma unroll
-    for (int h = 0; h < S::kBlocks32; ++h) {
-      if (row == nullptr) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[h][i] = 0.0f;
-      } else {
-        load_x8<true>(row + slice * S::kSlice + 32 * h + 8 * q, v[h]);
-      }
-    }
-  }
-  __device__ void product(const uint8_t* stage, bool, int slice, int lane, const X& x, float acc[4]) const {
-    mma_chunk<S>(acc, stage + column_bytes<S>(slice, lane & 3), lane >> 2, x.frag);
-  }
-};
-
-// A 512-column affine row over 8 consumer warps of 64 columns each, where AffineShape<1, BITS> gives each of
-// 16 warps 32 columns.
+// A 512-column affine row over 8 consumer warps of 64 columns each (the split down kernel), where
+// AffineShape<1, BITS> gives each of 16 warps 32 columns.
 template <int BITS>
 struct SplitShape : AffineShape<1, BITS> {
   static constexpr int kSlice = 64;
   static constexpr int kBlocks = 2;
 };
 
-// W: the AffineTiles of the ring; PPS: group pieces per 64-column slice.
+// Down + combine of affine experts with the expert items split between the two halves of the consumer
+// warps: warp w multiplies columns [64 (w % 8), + 64) of items j = w / 8, w / 8 + 2, ..., so each exchange
+// of the partials serves two items at once and each warp's chain of experts (the activations' fixed-point
+// split, the integer products, the fold) is half as long as in down_every_item, where every warp
+// takes 32 columns of every item. The same tiles and ring; every warp releases both stages of a pair, so a
+// stage's empty barrier still counts 16 arrivals, 8 of them after the reads. An item's output is its 8
+// warps' partials summed in warp order, then combined in ascending order as there; the fixed-point scale
+// is per row and 64 columns, so a result depends on its row alone.
 template <typename W, int PPS>
-struct AffineSplit {
+__device__ void down_split_items(const MoeStreamArgs& a, const SlotTable& table,
+                                 const Ring<typename W::S>& ring, int count, int warp, int lane) {
   using TR = SplitShape<W::SR::kBits>;
   using TS = SplitShape<W::SS::kBits>;
   using X = AffineX<TR, PPS>;  // TR and TS have the same slices
-  using Raw = float[TR::kBlocks][8];
-  AffineMeta meta;
-  __device__ explicit AffineSplit(const DevMatrix& m) : meta(m) {}
-  __device__ static void load(const float* row, int slice, int q, Raw& v) {
-    X::template load_raw<true>(row == nullptr ? nullptr : row + slice * TR::kSlice, q, v);
-  }
-  __device__ void product(const uint8_t* stage, bool shared, int slice, int lane, const X& x,
-                          float acc[4]) const {
-    if (TR::kBits != TS::kBits && shared) {
-      affine_product<TS, PPS>(stage, slice, lane, meta, x, acc);
-    } else {
-      affine_product<TR, PPS>(stage, slice, lane, meta, x, acc);
-    }
-  }
-};
-
-// Down + combine with the expert items split between the two halves of the consumer warps: warp w
-// multiplies columns [64 (w % 8), + 64) of items j = w / 8, w / 8 + 2, ..., so each exchange of the partials
-// serves two items at once and each warp's chain of experts (for affine weights the activations'
-// fixed-point split, the integer products, the fold) is half as long as in down_every_item, where every
-// warp takes 32 columns of every item. The same tiles and ring; every warp releases both stages of a pair,
-// so a stage's empty barrier still counts 16 arrivals, 8 of them after the reads. An item's output is its
-// 8 warps' partials summed in warp order, then combined in ascending order as there; an affine fixed-point
-// scale is per row and 64 columns, so a result depends on its row alone. Sp: Bf16Split or AffineSplit.
-template <typename Sp, typename RS>
-__device__ void down_split_items(const MoeStreamArgs& a, const SlotTable& table, const Ring<RS>& ring,
-                                 const Sp& split, int count, int warp, int lane) {
   const int col_tiles = a.m.hidden / kTile;
   const int G = static_cast<int>(gridDim.x);
   const int g = lane >> 2, q = lane & 3;
   const int slice = warp & 7, half = warp >> 3;
   const int off = static_cast<int>(threadIdx.x >> 3), r = static_cast<int>(threadIdx.x & 7);
   const bool owner = threadIdx.x < kTile * 8;  // of output (column tile row off, step row r)
-  auto load = [&](int j, typename Sp::Raw& v) { Sp::load(act_row(a, table, j, g), slice, q, v); };
+  const AffineMeta meta(a.m.down);
+  auto load = [&](int j, float(&v)[TR::kBlocks][8]) {
+    const float* row = act_row(a, table, j, g);
+    X::template load_raw<true>(row == nullptr ? nullptr : row + slice * TR::kSlice, q, v);
+  };
   int f0 = 0, buf = 0;
   for (int nt = static_cast<int>(blockIdx.x); nt < col_tiles; nt += G, f0 += count + 1) {
     float acc = 0.0f, ys = 0.0f;
     // This warp's items j = half, half + 2, ...: item j + 2's fragments are made while item j's product
     // runs, and its raw values loaded one item earlier still.
-    typename Sp::Raw v;
-    typename Sp::X x;
+    float v[TR::kBlocks][8];
+    X x;
     load(half, v);
     x.make(v, q);
     if (half + 2 <= count) load(half + 2, v);
@@ -720,23 +671,27 @@ __device__ void down_split_items(const MoeStreamArgs& a, const SlotTable& table,
       const int j = j0 + half;
       float part[4] = {};
       if (j <= count) {
-        typename Sp::X next;
+        X next;
         if (j + 2 <= count) {
           next.make(v, q);
           if (j + 4 <= count) load(j + 4, v);
         }
         ring.wait_full(f0 + j);
-        split.product(ring.stage(f0 + j), j == 0, slice, lane, x, part);
+        if (TR::kBits != TS::kBits && j == 0) {
+          affine_product<TS, PPS>(ring.stage(f0 + j), slice, lane, meta, x, part);
+        } else {
+          affine_product<TR, PPS>(ring.stage(f0 + j), slice, lane, meta, x, part);
+        }
         if (j + 2 <= count) x = next;
       }
       ring.release(f0 + j0, lane);
       if (j0 + 1 <= count) ring.release(f0 + j0 + 1, lane);
-      stash(ring.part, buf, warp, lane, part);  // item j0 + k's partials: warps 8 k .. 8 k + 7 of slot buf
+      stash(ring.part, buf * 2 + half, slice, lane, part);
       consumers_sync();
       if (owner) {
         for (int k = 0; k < 2 && j0 + k <= count; ++k) {
           const int jj = j0 + k;
-          add_item(table, jj, r, tile_output<8>(ring.part + k * 8 * 32, buf, off, r), &acc, &ys);
+          add_item(table, jj, r, tile_output<8>(ring.part, buf * 2 + k, off, r), &acc, &ys);
         }
       }
     }
@@ -744,9 +699,10 @@ __device__ void down_split_items(const MoeStreamArgs& a, const SlotTable& table,
   }
 }
 
-// Down + combine, intermediate size 512: W's shape of KB = 1 (one tile per stage). Sp: void, every warp takes
-// every expert item (down_every_item); else the split kernel's steps (down_split_items).
-template <typename W, typename Sp = void>
+// Down + combine, intermediate size 512: W's shape of KB = 1 (one tile per stage). SPLIT_PPS: 0, every warp
+// takes every expert item (down_every_item); else the affine split kernel with that many group pieces per
+// 64-column slice (down_split_items).
+template <typename W, int SPLIT_PPS = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_down_stream_kernel(const __grid_constant__ MoeStreamArgs a) {
   using S = typename W::S;
@@ -771,10 +727,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int count = *a.count;
   build_slots(a, a.sel, a.wts, a.used, count, &table);
   PD_TRACE_STAMP(1);
-  if constexpr (std::is_void_v<Sp>) {
+  if constexpr (SPLIT_PPS == 0) {
     down_every_item(a, table, tiles_of, ring, count, warp, lane);
   } else {
-    down_split_items(a, table, ring, Sp(a.m.down), count, warp, lane);
+    down_split_items<W, SPLIT_PPS>(a, table, ring, count, warp, lane);
   }
 }
 
@@ -800,11 +756,11 @@ void launch_up(const MoeStreamArgs& a, cudaStream_t stream) {
   launch_kernel<W>(moe_up_stream_kernel<W>, b, sms, stream);
 }
 
-template <typename W, typename Sp = void>
+template <typename W, int SPLIT_PPS = 0>
 void launch_down(const MoeStreamArgs& a, cudaStream_t stream) {
-  static const int sms = prepare_kernel<typename W::S>(moe_down_stream_kernel<W, Sp>);
+  static const int sms = prepare_kernel<typename W::S>(moe_down_stream_kernel<W, SPLIT_PPS>);
   const int col_tiles = a.m.hidden / kTile;
-  launch_kernel<W>(moe_down_stream_kernel<W, Sp>, a, col_tiles < sms ? col_tiles : sms, stream);
+  launch_kernel<W>(moe_down_stream_kernel<W, SPLIT_PPS>, a, col_tiles < sms ? col_tiles : sms, stream);
 }
 
 template <typename T>
@@ -893,28 +849,23 @@ void launch_moe_stream_up(const MoeStreamArgs& a, cudaStream_t stream) {
 }
 
 void launch_moe_stream_down(const MoeStreamArgs& a, cudaStream_t stream) {
-  static const bool split = env_switch_on("PD_DOWN_SPLIT");
   if (a.m.down.fmt == WFmt::kBF16) {
-    if (split) {
-      launch_down<Bf16Tiles<1>, Bf16Split>(a, stream);
-    } else {
-      launch_down<Bf16Tiles<1>>(a, stream);
-    }
-    return;
-  }
-  with_stream_bits(a.m.down.bits, [&](auto bits) {
-    constexpr int kBits = decltype(bits)::value;
-    with_shared_width<1, kBits, 1>(a.m.sh_down.bits, [&](auto tiles) {
-      using W = typename decltype(tiles)::type;
-      if (!split) {
-        launch_down<W>(a, stream);
-        return;
-      }
-      with_pieces<SplitShape<kBits>>(a.m.down.group_size, [&](auto pps) {
-        launch_down<W, AffineSplit<W, decltype(pps)::value>>(a, stream);
+    launch_down<Bf16Tiles<1>>(a, stream);
+  } else {
+    static const bool split = env_switch_on("PD_DOWN_SPLIT");
+    with_stream_bits(a.m.down.bits, [&](auto bits) {
+      constexpr int kBits = decltype(bits)::value;
+      with_shared_width<1, kBits, 1>(a.m.sh_down.bits, [&](auto tiles) {
+        using W = typename decltype(tiles)::type;
+        if (!split) {
+          launch_down<W>(a, stream);
+          return;
+        }
+        with_pieces<SplitShape<kBits>>(a.m.down.group_size,
+                                       [&](auto pps) { launch_down<W, decltype(pps)::value>(a, stream); });
       });
     });
-  });
+  }
 }
 
 }  // namespace pd::cuda
