@@ -36,6 +36,14 @@ constexpr int kFastThreads = 256;
 constexpr int kMaxCluster = 8;  // blocks per cluster (the portable limit): GQA ratio x split
 constexpr int kRowGroup = 8;   // rows whose inputs are loaded and normalised together (PD_GDN_ROW_GROUP=0: 1)
 constexpr int kMaxWarps = 16;  // 512 threads
+// q and k of a row in shared memory: part p's RPT values (state rows [p RPT, (p + 1) RPT)) start at
+// p (RPT + kPartPad), so that the four parts of a warp read from four different groups of banks, 16 bytes at
+// a time (unpadded, the parts' reads fell in the same banks: 67-69% of the kernel's shared wavefronts were
+// conflicts, ncu, bench/results/2026-12-04-h200-ea365f0.md).
+constexpr int kPartPad = 4;
+__device__ __forceinline__ int qk_slot(int i, int rpt) {
+  return i + kPartPad * (i / rpt);
+}
 
 // N fixed-order block sums at once (block_sum's order: the xor butterfly in each warp, then the warps' sums
 // in ascending order), with one pass of barriers; the sums land in tot[0..N).
@@ -110,7 +118,7 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   const int Dk = RPT * kParts;
   const int Dv = g.v_head_dim;
   const int cols = Dv / split;
-  __shared__ float qs[G][RPT * kParts], ks[G][RPT * kParts];
+  __shared__ __align__(16) float qs[G][(RPT + kPartPad) * kParts], ks[G][(RPT + kPartPad) * kParts];
   __shared__ float red[2 * G][kMaxWarps];
   __shared__ float tot[2 * G];
   __shared__ float beta_s[G], alpha_s[G];  // the group's gates (per head: one thread per row)
@@ -130,6 +138,8 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   const int rank_base = (h % (g.num_v_heads / g.num_k_heads)) * split;  // this head's first cluster rank
   const bool qk_owner = rank_base + c == 0;                             // writes q and k's windows
   const int cq = kh * Dk + tid, ck = key_dim + kh * Dk + tid, cv = 2 * key_dim + h * Dv + j;
+  const int slot = qk_slot(tid, RPT);     // this thread's q and k channel (tid < Dk)
+  const int mine = i0 + kPartPad * part;  // qk_slot(i0, RPT): this thread's part
   float win_q[KC], win_k[KC], win_v[KC];
   if (tid < Dk) {
     conv_load(g, C, cq, win_q);
@@ -160,8 +170,8 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
       const int64_t gr = r0 + first + r;
       const float* x = g.qkv + gr * g.qkv_stride;
       if (tid < Dk) {
-        qs[r][tid] = ok ? x[cq] : 0.0f;
-        ks[r][tid] = ok ? x[ck] : 0.0f;
+        qs[r][slot] = ok ? x[cq] : 0.0f;
+        ks[r][slot] = ok ? x[ck] : 0.0f;
       }
       vv[r] = ok ? x[cv] : 0.0f;
     }
@@ -177,8 +187,8 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
       if (r < n) {
         float* snap = g.snap_conv != nullptr ? g.snap_conv + (r0 + first + r) * g.snap_conv_stride : nullptr;
         if (tid < Dk) {
-          qv = conv_step(qs[r][tid], kc, win_q, taps_q);
-          kv = conv_step(ks[r][tid], kc, win_k, taps_k);
+          qv = conv_step(qs[r][slot], kc, win_q, taps_q);
+          kv = conv_step(ks[r][slot], kc, win_k, taps_k);
           if (snap != nullptr && qk_owner) {
             conv_store(snap, C, cq, kc, win_q);
             conv_store(snap, C, ck, kc, win_k);
@@ -188,8 +198,8 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
         if (snap != nullptr && part == 0) conv_store(snap, C, cv, kc, win_v);
       }
       if (tid < Dk) {
-        qs[r][tid] = qv;
-        ks[r][tid] = kv;
+        qs[r][slot] = qv;
+        ks[r][slot] = kv;
       }
       sq[2 * r] = qv * qv;
       sq[2 * r + 1] = kv * kv;
@@ -198,8 +208,8 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
     block_sums<2 * G>(sq, red, tot);
     if (tid < Dk) {
       for (int r = 0; r < n; ++r) {
-        qs[r][tid] = (qs[r][tid] * (1.0f / sqrtf(tot[2 * r] + 1e-6f))) * q_scale;
-        ks[r][tid] = ks[r][tid] * (1.0f / sqrtf(tot[2 * r + 1] + 1e-6f));
+        qs[r][slot] = (qs[r][slot] * (1.0f / sqrtf(tot[2 * r] + 1e-6f))) * q_scale;
+        ks[r][slot] = ks[r][slot] * (1.0f / sqrtf(tot[2 * r + 1] + 1e-6f));
       }
     }
     __syncthreads();
@@ -210,20 +220,36 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
       if (r >= n) continue;
       const int64_t gr = r0 + first + r;
       const float beta = beta_s[r], alpha = alpha_s[r];
+      const float4* k4 = reinterpret_cast<const float4*>(&ks[r][mine]);
+      const float4* q4 = reinterpret_cast<const float4*>(&qs[r][mine]);
       float kvp = 0.0f;
 #pragma unroll
-      for (int ii = 0; ii < RPT; ++ii) {
+      for (int ii = 0; ii < RPT; ii += 4) {
+        const float4 k = k4[ii / 4];
         s[ii] = s[ii] * alpha;
-        kvp = fmaf(s[ii], ks[r][i0 + ii], kvp);
+        kvp = fmaf(s[ii], k.x, kvp);
+        s[ii + 1] = s[ii + 1] * alpha;
+        kvp = fmaf(s[ii + 1], k.y, kvp);
+        s[ii + 2] = s[ii + 2] * alpha;
+        kvp = fmaf(s[ii + 2], k.z, kvp);
+        s[ii + 3] = s[ii + 3] * alpha;
+        kvp = fmaf(s[ii + 3], k.w, kvp);
       }
       kvp += __shfl_xor_sync(0xffffffffu, kvp, 1);
       kvp += __shfl_xor_sync(0xffffffffu, kvp, 2);
       const float delta = (vv[r] - kvp) * beta;
       float op = 0.0f;
 #pragma unroll
-      for (int ii = 0; ii < RPT; ++ii) {
-        s[ii] = fmaf(ks[r][i0 + ii], delta, s[ii]);
-        op = fmaf(s[ii], qs[r][i0 + ii], op);
+      for (int ii = 0; ii < RPT; ii += 4) {
+        const float4 k = k4[ii / 4], q = q4[ii / 4];
+        s[ii] = fmaf(k.x, delta, s[ii]);
+        op = fmaf(s[ii], q.x, op);
+        s[ii + 1] = fmaf(k.y, delta, s[ii + 1]);
+        op = fmaf(s[ii + 1], q.y, op);
+        s[ii + 2] = fmaf(k.z, delta, s[ii + 2]);
+        op = fmaf(s[ii + 2], q.z, op);
+        s[ii + 3] = fmaf(k.w, delta, s[ii + 3]);
+        op = fmaf(s[ii + 3], q.w, op);
       }
       op += __shfl_xor_sync(0xffffffffu, op, 1);
       op += __shfl_xor_sync(0xffffffffu, op, 2);
