@@ -36,7 +36,6 @@ constexpr int kFastThreads = 256;
 constexpr int kMaxCluster = 8;  // blocks per cluster (the portable limit): GQA ratio x split
 constexpr int kRowGroup = 8;   // rows whose inputs are loaded and normalised together (PD_GDN_ROW_GROUP=0: 1)
 constexpr int kMaxWarps = 16;  // 512 threads
-constexpr int kMaxCols = 128;  // value columns per block (4 threads each)
 // q and k of a row in shared memory: part p's RPT values (state rows [p RPT, (p + 1) RPT)) start at
 // p (RPT + kPartPad), so that the four parts of a warp read from four different groups of banks, 16 bytes at
 // a time (unpadded, the parts' reads fell in the same banks: 67-69% of the kernel's shared wavefronts were
@@ -124,8 +123,6 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   __shared__ float tot[2 * G];
   __shared__ float beta_s[G], alpha_s[G];  // the group's gates (per head: one thread per row)
   __shared__ float o_part[kGdnChunk];      // this block's sum of o^2 per row
-  __shared__ float o_total[kGdnChunk];     // the cluster's sum of o^2 per row (the head's)
-  __shared__ float z_first[G][kMaxCols];   // the output gates of rows [0, G): this thread's column
   extern __shared__ float o_raw[];         // [rows][cols]: readout before the gated norm
   const int h = static_cast<int>(blockIdx.x) / split;
   const int c = static_cast<int>(blockIdx.x) % split;  // cluster.block_rank() is rank_base + c
@@ -152,14 +149,8 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   const float* taps_q = g.conv1d + static_cast<int64_t>(cq) * kc;
   const float* taps_k = g.conv1d + static_cast<int64_t>(ck) * kc;
   const float* taps_v = g.conv1d + static_cast<int64_t>(cv) * kc;
-  // The output gates of the group's first rows and the norm weight, loaded with the inputs rather than after
-  // the cluster's barrier at the end, where each row's load was a wait of its own.
-  // (In registers, the 8-row groups' gates made the kernels of 64-dim heads spill.)
-  if (part == 0) {
-    for (int r = 0; r < G && r < rows; ++r)
-      z_first[r][jl] = g.z[(r0 + r) * g.z_stride + static_cast<int64_t>(h) * Dv + j];
-  }
-  const float norm_w = g.norm[j];
+  // The first row's output gate, loaded with the inputs rather than after the cluster's barrier at the end.
+  const float z_first = part == 0 ? g.z[r0 * g.z_stride + static_cast<int64_t>(h) * Dv + j] : 0.0f;
   float* state = g.recurrent + h * head_size;
   float s[RPT];
 #pragma unroll
@@ -284,31 +275,16 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
     conv_store(g.conv_state, C, cq, kc, win_q);
     conv_store(g.conv_state, C, ck, kc, win_k);
   }
-  // The head's sum of o^2 per row: the blocks' partial sums added in block order, all rows' remote reads at
-  // once (row by row, each was a chain of split distributed shared-memory reads).
-  for (int r = tid; r < rows; r += static_cast<int>(blockDim.x)) {
-    float v[kMaxSplit];
-#pragma unroll
-    for (int b = 0; b < kMaxSplit; ++b) {
-      v[b] = b < split ? cluster.map_shared_rank(o_part, rank_base + b)[r] : 0.0f;
-    }
+  for (int r = 0; r < rows; ++r) {
     float total = 0.0f;
-#pragma unroll
-    for (int b = 0; b < kMaxSplit; ++b) {
-      if (b < split) total = total + v[b];
+    for (int b = 0; b < split; ++b) total = total + cluster.map_shared_rank(o_part, rank_base + b)[r];
+    if (part == 0) {
+      const int64_t gr = r0 + r;
+      const float inv = 1.0f / sqrtf(total / static_cast<float>(Dv) + g.eps);
+      const float z = r == 0 ? z_first : g.z[gr * g.z_stride + static_cast<int64_t>(h) * Dv + j];
+      g.out[gr * g.out_stride + static_cast<int64_t>(h) * Dv + j] =
+          (g.norm[j] * (o_raw[r * cols + jl] * inv)) * siluf_(z);
     }
-    o_total[r] = total;
-  }
-  __syncthreads();
-  auto emit = [&](int r, float z) {
-    const int64_t gr = r0 + r;
-    const float inv = 1.0f / sqrtf(o_total[r] / static_cast<float>(Dv) + g.eps);
-    g.out[gr * g.out_stride + static_cast<int64_t>(h) * Dv + j] =
-        (norm_w * (o_raw[r * cols + jl] * inv)) * siluf_(z);
-  };
-  if (part == 0) {
-    for (int r = 0; r < G && r < rows; ++r) emit(r, z_first[r][jl]);
-    for (int r = G; r < rows; ++r) emit(r, g.z[(r0 + r) * g.z_stride + static_cast<int64_t>(h) * Dv + j]);
   }
   cluster.sync();  // the other blocks may still read o_part
 }
