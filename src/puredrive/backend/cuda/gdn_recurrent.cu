@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   const int rank_base = (h % (g.num_v_heads / g.num_k_heads)) * split;  // this head's first cluster rank
   const bool qk_owner = rank_base + c == 0;                             // writes q and k's windows
   const int cq = kh * Dk + tid, ck = key_dim + kh * Dk + tid, cv = 2 * key_dim + h * Dv + j;
-  const int slot = qk_slot(tid, RPT);     // this thread's q and k channel (tid < Dk)
-  const int mine = i0 + kPartPad * part;  // qk_slot(i0, RPT): this thread's part
+  const int slot = qk_slot(tid, RPT);  // this thread's q and k channel (tid < Dk)
+  const int mine = qk_slot(i0, RPT);   // this thread's part
   float win_q[KC], win_k[KC], win_v[KC];
   if (tid < Dk) {
     conv_load(g, C, cq, win_q);
@@ -225,15 +225,13 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
       float kvp = 0.0f;
 #pragma unroll
       for (int ii = 0; ii < RPT; ii += 4) {
-        const float4 k = k4[ii / 4];
-        s[ii] = s[ii] * alpha;
-        kvp = fmaf(s[ii], k.x, kvp);
-        s[ii + 1] = s[ii + 1] * alpha;
-        kvp = fmaf(s[ii + 1], k.y, kvp);
-        s[ii + 2] = s[ii + 2] * alpha;
-        kvp = fmaf(s[ii + 2], k.z, kvp);
-        s[ii + 3] = s[ii + 3] * alpha;
-        kvp = fmaf(s[ii + 3], k.w, kvp);
+        const float4 k4v = k4[ii / 4];
+        const float k[4] = {k4v.x, k4v.y, k4v.z, k4v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[ii + e] = s[ii + e] * alpha;
+          kvp = fmaf(s[ii + e], k[e], kvp);
+        }
       }
       kvp += __shfl_xor_sync(0xffffffffu, kvp, 1);
       kvp += __shfl_xor_sync(0xffffffffu, kvp, 2);
@@ -241,15 +239,13 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
       float op = 0.0f;
 #pragma unroll
       for (int ii = 0; ii < RPT; ii += 4) {
-        const float4 k = k4[ii / 4], q = q4[ii / 4];
-        s[ii] = fmaf(k.x, delta, s[ii]);
-        op = fmaf(s[ii], q.x, op);
-        s[ii + 1] = fmaf(k.y, delta, s[ii + 1]);
-        op = fmaf(s[ii + 1], q.y, op);
-        s[ii + 2] = fmaf(k.z, delta, s[ii + 2]);
-        op = fmaf(s[ii + 2], q.z, op);
-        s[ii + 3] = fmaf(k.w, delta, s[ii + 3]);
-        op = fmaf(s[ii + 3], q.w, op);
+        const float4 k4v = k4[ii / 4], q4v = q4[ii / 4];
+        const float k[4] = {k4v.x, k4v.y, k4v.z, k4v.w}, q[4] = {q4v.x, q4v.y, q4v.z, q4v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[ii + e] = fmaf(k[e], delta, s[ii + e]);
+          op = fmaf(s[ii + e], q[e], op);
+        }
       }
       op += __shfl_xor_sync(0xffffffffu, op, 1);
       op += __shfl_xor_sync(0xffffffffu, op, 2);
