@@ -186,6 +186,33 @@ TEST_F(CudaAttention, DecodeRowsEqualOneRowStepsAcrossSplits) {
   }
 }
 
+// Short contexts: while the items of all rows fit the grid one row at a time, each block of a GQA-8 step
+// takes one (item, row) pair (attention_decode.cu), and past that one item for all rows. Rows before, across
+// and past that switch (on a 132-SM GPU near 44 one-tile splits for 3 rows, 16 for 8 rows) equal one-row
+// steps bitwise.
+TEST_F(CudaAttention, DecodeRowsEqualOneRowStepsAtShortContexts) {
+  const std::vector<Shape> shapes = {{16, 2, 256}, {32, 4, 128}};
+  for (const Shape& s : shapes) {
+    if (cudatest::small() && &s != &shapes[0]) continue;
+    const int capacity = 3200;
+    Side cpu = side(*cpu_, s, DType::kBF16, capacity, capacity - 16);
+    Side multi = side(*gpu_, s, DType::kBF16, capacity, capacity - 16);
+    Side single = side(*gpu_, s, DType::kBF16, capacity, capacity - 16);
+    SCOPED_TRACE(describe(s, DType::kBF16));
+    for (int R = 2; R <= 8; ++R) {
+      if (cudatest::quick() && R != 3 && R != 8) continue;
+      check_step(cpu, multi, single, s, DType::kBF16, make_rows(s, 100, R, 600 + R),
+                 fmt::format("R = {} at 100", R));
+    }
+    for (const int first : {1000, 1020, 2800, 2830}) {
+      for (const int R : {3, 8}) {
+        check_step(cpu, multi, single, s, DType::kBF16, make_rows(s, first, R, 700 + R),
+                   fmt::format("R = {} at {}", R, first));
+      }
+    }
+  }
+}
+
 // One graph serves every position: a recorded 3-row step replayed at positions across the change of split
 // size gives the bits of eager one-row steps.
 TEST_F(CudaAttention, RecordedDecodeStepReplaysAcrossSplitSizes) {

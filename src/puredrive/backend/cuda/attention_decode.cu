@@ -63,10 +63,17 @@ __host__ __device__ inline Layout layout(int D, int nq) {
 }
 
 __device__ void make_plan(const AttentionLaunch& a, int r0, int nrows, Plan* p) {
+  int32_t at[kMaxRows];  // every row's position in flight at once (a loop of loads took one trip each)
+#pragma unroll
+  for (int r = 0; r < kMaxRows; ++r) {
+    at[r] = r < nrows ? a.positions[static_cast<int64_t>(r0 + r) * a.position_stride] : -1;
+  }
   int n = 0;
   int most[kMaxRows];
-  for (int r = 0; r < nrows; ++r) {
-    const int32_t pos = a.positions[static_cast<int64_t>(r0 + r) * a.position_stride];
+#pragma unroll
+  for (int r = 0; r < kMaxRows; ++r) {
+    if (r >= nrows) break;
+    const int32_t pos = at[r];
     const bool valid = pos >= 0 && pos < a.capacity;
     p->pos[r] = valid ? pos : -1;
     if (!valid) continue;
@@ -149,8 +156,8 @@ __device__ __forceinline__ void tile_scores(const uint16_t* ks, const uint16_t* 
 // arithmetic is the same whichever queries share its pass.
 template <int NT>
 __device__ __forceinline__ void tile_softmax(const float* sc, uint16_t* phi, uint16_t* plo, float* ms,
-                                             float* ls, float* alphas, int nq, int group, const Plan& plan,
-                                             unsigned active, int t0, float scale) {
+                                             float* ls, float* alphas, int q0, int nq, int group,
+                                             const Plan& plan, unsigned active, int t0, float scale) {
   constexpr int NB = inner_blocks(NT), kNq = NT * 8;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const float* sc1 = sc + kNq * kScStride;  // the second half of the dims (tile_scores)
@@ -162,9 +169,10 @@ __device__ __forceinline__ void tile_softmax(const float* sc, uint16_t* phi, uin
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       q[b] = warp + kWarps * (j0 + b);
-      const int r = q[b] < nq ? q[b] / group : 0;
+      const int gq = q0 + q[b];
+      const int r = gq < nq ? gq / group : 0;
       const int pos = plan.pos[r];
-      on[b] = q[b] < nq && ((active >> r) & 1u) != 0 && t0 <= pos;
+      on[b] = gq < nq && ((active >> r) & 1u) != 0 && t0 <= pos;
       s0[b] = (sc[q[b] * kScStride + lane] + sc1[q[b] * kScStride + lane]) * scale;
       s1[b] = (sc[q[b] * kScStride + lane + 32] + sc1[q[b] * kScStride + lane + 32]) * scale;
       v0[b] = on[b] && t0 + lane <= pos;
@@ -270,131 +278,200 @@ __device__ __forceinline__ void tile_values(float acc[2][NT][4], const uint16_t*
   }
 }
 
-// Two blocks per multiprocessor up to 3 query blocks (registers capped at 128; the 3-block kernel otherwise
-// spilled), one above, where the shared memory of a 256-dim head allows no second block anyway.
+// Queries q0 .. q0 + kNq - 1 of KV head kh's group (zero from nq on) as hi / lo bf16 rows of ld = D + kPad:
+// 16-byte loads, kBatch of them in flight per thread before any is split (one load at a time, with a
+// division per element, took a third of a 3-row launch).
 template <int NT>
-__global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
-    attn_decode_kernel(AttentionLaunch a, int r0, int nrows, const float* qbuf, float* part_o, float* part_ml,
-                       int max_splits) {
-  PD_TRACE_SCOPE(kAttnDecode, nrows);
-  pdl_enter();
-  PD_TRACE_STAMP(0);
+__device__ __forceinline__ void load_queries(const float* qbuf, uint16_t* qhi, uint16_t* qlo, int kh, int hq,
+                                             int group, int q0, int nq, int D) {
+  constexpr int kNq = NT * 8, kBatch = 2 * NT < 8 ? 2 * NT : 8;
+  const int ld = D + kPad, n4 = kNq * D / 4;
+  for (int base = 0; base < n4; base += kBatch * kThreads) {
+    float4 x[kBatch];
+    int q[kBatch], d[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = base + k * kThreads + static_cast<int>(threadIdx.x);
+      q[k] = i < n4 ? 4 * i / D : kNq;
+      d[k] = 4 * i - q[k] * D;
+      x[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int gq = q0 + q[k];
+      if (q[k] < kNq && gq < nq) {
+        const int r = gq / group;
+        x[k] = *reinterpret_cast<const float4*>(
+            qbuf + (static_cast<int64_t>(r) * hq + kh * group + (gq - r * group)) * D + d[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (q[k] >= kNq) continue;
+      uint16_t* hi = qhi + q[k] * ld + d[k];
+      uint16_t* lo = qlo + q[k] * ld + d[k];
+      attn::split_bf16(x[k].x, hi, lo);
+      attn::split_bf16(x[k].y, hi + 1, lo + 1);
+      attn::split_bf16(x[k].z, hi + 2, lo + 2);
+      attn::split_bf16(x[k].w, hi + 3, lo + 3);
+    }
+  }
+}
+
+// A block's shared memory for NT query blocks.
+struct Smem {
+  uint16_t *ks, *vs, *qhi, *qlo, *phi, *plo;
+  float *sc, *ms, *ls, *alphas;
+  __device__ Smem(unsigned char* smem, int D, int nq) {
+    const Layout L = layout(D, nq);
+    ks = reinterpret_cast<uint16_t*>(smem + L.k);
+    vs = reinterpret_cast<uint16_t*>(smem + L.v);
+    qhi = reinterpret_cast<uint16_t*>(smem + L.qhi);
+    qlo = reinterpret_cast<uint16_t*>(smem + L.qlo);
+    sc = reinterpret_cast<float*>(smem + L.sc);
+    phi = reinterpret_cast<uint16_t*>(smem + L.phi);
+    plo = reinterpret_cast<uint16_t*>(smem + L.plo);
+    ms = reinterpret_cast<float*>(smem + L.m);
+    ls = reinterpret_cast<float*>(smem + L.l);
+    alphas = reinterpret_cast<float*>(smem + L.alpha);
+  }
+};
+
+// Work item `item` of the plan for the queries q0 .. q0 + 8 NT - 1 of the launch (query q is head q % group
+// of row q / group) and the rows in `rows`: the partial results of its split. `loaded` names the queries in
+// qhi / qlo (q0 and the KV head), so that consecutive items of a block load them once.
+template <int NT>
+__device__ __forceinline__ void run_item(const AttentionLaunch& a, const Plan& plan, const Smem& m, int item,
+                                         int q0, unsigned rows, int nrows, const float* qbuf, float* part_o,
+                                         float* part_ml, int max_splits, int* loaded) {
   constexpr int kNq = NT * 8;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int D = a.head_dim, ld = D + kPad, hkv = a.num_kv_heads, hq = a.num_heads;
+  const int D = a.head_dim, hkv = a.num_kv_heads, hq = a.num_heads;
   const int group = hq / hkv, nq = nrows * group;
-  const Layout L = layout(D, kNq);
-  uint16_t* ks = reinterpret_cast<uint16_t*>(smem + L.k);
-  uint16_t* vs = reinterpret_cast<uint16_t*>(smem + L.v);
-  uint16_t* qhi = reinterpret_cast<uint16_t*>(smem + L.qhi);
-  uint16_t* qlo = reinterpret_cast<uint16_t*>(smem + L.qlo);
-  float* sc = reinterpret_cast<float*>(smem + L.sc);
-  uint16_t* phi = reinterpret_cast<uint16_t*>(smem + L.phi);
-  uint16_t* plo = reinterpret_cast<uint16_t*>(smem + L.plo);
-  float* ms = reinterpret_cast<float*>(smem + L.m);
-  float* ls = reinterpret_cast<float*>(smem + L.l);
-  float* alphas = reinterpret_cast<float*>(smem + L.alpha);
-  Plan& plan = *reinterpret_cast<Plan*>(smem + L.plan);
-  if (threadIdx.x == 0) make_plan(a, r0, nrows, &plan);
-  __syncthreads();
   const uint16_t* kc = static_cast<const uint16_t*>(a.cache_k);
   const uint16_t* vc = static_cast<const uint16_t*>(a.cache_v);
   const int64_t kvw = static_cast<int64_t>(hkv) * D;
   const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(D)));
   const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
   const int g = lane >> 2, t = lane & 3;
-  int loaded_kh = -1;
-  for (int item = static_cast<int>(blockIdx.x); item < plan.first[plan.classes];
-       item += static_cast<int>(gridDim.x)) {
-    int j = 0;
-    while (item >= plan.first[j + 1]) ++j;
-    const int local = item - plan.first[j];
-    const int c = local / hkv, kh = local - c * hkv;
-    const int S = plan.split[j], start = c * S;
-    unsigned active = 0;
-    int end = start;
-    for (int r = 0; r < nrows; ++r) {
-      if (((plan.rows[j] >> r) & 1u) != 0 && plan.pos[r] >= start) {
-        active |= 1u << r;
-        const int e = plan.pos[r] + 1 < start + S ? plan.pos[r] + 1 : start + S;
-        end = e > end ? e : end;
-      }
+  int j = 0;
+  while (item >= plan.first[j + 1]) ++j;
+  const int local = item - plan.first[j];
+  const int c = local / hkv, kh = local - c * hkv;
+  const int S = plan.split[j], start = c * S;
+  unsigned active = 0;
+  int end = start;
+  for (int r = 0; r < nrows; ++r) {
+    if (((plan.rows[j] & rows) >> r & 1u) != 0 && plan.pos[r] >= start) {
+      active |= 1u << r;
+      const int e = plan.pos[r] + 1 < start + S ? plan.pos[r] + 1 : start + S;
+      end = e > end ? e : end;
     }
-    if (kh != loaded_kh) {  // the group's queries as hi / lo bf16 (zero for padding)
-      for (int i = static_cast<int>(threadIdx.x); i < kNq * D; i += kThreads) {
-        const int q = i / D, d = i - q * D;
-        float x = 0.0f;
-        if (q < nq) {
-          const int r = q / group;
-          x = qbuf[(static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * D + d];
-        }
-        attn::split_bf16(x, &qhi[q * ld + d], &qlo[q * ld + d]);
-      }
-      loaded_kh = kh;
-    }
-    for (int q = static_cast<int>(threadIdx.x); q < kNq; q += kThreads) {
-      ms[q] = -INFINITY;
-      ls[q] = 0.0f;
-    }
-    float acc[2][NT][4];
+  }
+  if (active == 0) return;  // uniform over the block: none of these rows reaches this split
+  // Keys and values of a tile load while the previous phase computes: K(i+1) during softmax and values of
+  // tile i, V(i+1) during the scores of tile i+1; the first tile's during the queries' loads.
+  const int tiles = (end - start + kAttnTile - 1) / kAttnTile;
+  attn::issue_kv_tile(m.ks, kc, kvw, kh, D, start, end);
+  copy_async_commit();
+  attn::issue_kv_tile(m.vs, vc, kvw, kh, D, start, end);
+  copy_async_commit();
+  if (*loaded != q0 * hkv + kh) {
+    load_queries<NT>(qbuf, m.qhi, m.qlo, kh, hq, group, q0, nq, D);
+    *loaded = q0 * hkv + kh;
+  }
+  for (int q = static_cast<int>(threadIdx.x); q < kNq; q += kThreads) {
+    m.ms[q] = -INFINITY;
+    m.ls[q] = 0.0f;
+  }
+  float acc[2][NT][4];
 #pragma unroll
-    for (int mm = 0; mm < 2; ++mm) {
+  for (int mm = 0; mm < 2; ++mm) {
 #pragma unroll
-      for (int ni = 0; ni < NT; ++ni) {
+    for (int ni = 0; ni < NT; ++ni) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mm][ni][e] = 0.0f;
-      }
+      for (int e = 0; e < 4; ++e) acc[mm][ni][e] = 0.0f;
     }
-    // Keys and values of a tile load while the previous phase computes: K(i+1) during softmax and values of
-    // tile i, V(i+1) during the scores of tile i+1.
-    const int tiles = (end - start + kAttnTile - 1) / kAttnTile;
-    attn::issue_kv_tile(ks, kc, kvw, kh, D, start, end);
+  }
+  for (int it = 0; it < tiles; ++it) {
+    const int t0 = start + it * kAttnTile;
+    copy_async_wait<1>();  // K(it)
+    __syncthreads();
+    tile_scores<NT>(m.ks, m.qhi, m.qlo, m.sc, D);
+    __syncthreads();
+    if (it + 1 < tiles) attn::issue_kv_tile(m.ks, kc, kvw, kh, D, t0 + kAttnTile, end);
     copy_async_commit();
-    attn::issue_kv_tile(vs, vc, kvw, kh, D, start, end);
+    tile_softmax<NT>(m.sc, m.phi, m.plo, m.ms, m.ls, m.alphas, q0, nq, group, plan, active, t0, scale);
+    copy_async_wait<1>();  // V(it)
+    __syncthreads();
+    tile_values<NT>(acc, m.vs, m.phi, m.plo, m.alphas, D);
+    __syncthreads();
+    if (it + 1 < tiles) attn::issue_kv_tile(m.vs, vc, kvw, kh, D, t0 + kAttnTile, end);
     copy_async_commit();
-    for (int it = 0; it < tiles; ++it) {
-      const int t0 = start + it * kAttnTile;
-      copy_async_wait<1>();  // K(it)
-      __syncthreads();
-      tile_scores<NT>(ks, qhi, qlo, sc, D);
-      __syncthreads();
-      if (it + 1 < tiles) attn::issue_kv_tile(ks, kc, kvw, kh, D, t0 + kAttnTile, end);
-      copy_async_commit();
-      tile_softmax<NT>(sc, phi, plo, ms, ls, alphas, nq, group, plan, active, t0, scale);
-      copy_async_wait<1>();  // V(it)
-      __syncthreads();
-      tile_values<NT>(acc, vs, phi, plo, alphas, D);
-      __syncthreads();
-      if (it + 1 < tiles) attn::issue_kv_tile(vs, vc, kvw, kh, D, t0 + kAttnTile, end);
-      copy_async_commit();
-    }
-    // Partial results of the item's active rows: output (unnormalised), max and sum.
+  }
+  // Partial results of the item's active rows: output (unnormalised), max and sum.
 #pragma unroll
-    for (int mm = 0; mm < 2; ++mm) {
-      const int mt = warp + mm * kWarps;
-      if (mt * 16 >= D) continue;
+  for (int mm = 0; mm < 2; ++mm) {
+    const int mt = warp + mm * kWarps;
+    if (mt * 16 >= D) continue;
 #pragma unroll
-      for (int ni = 0; ni < NT; ++ni) {
+    for (int ni = 0; ni < NT; ++ni) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int q = ni * 8 + 2 * t + (e & 1);
-          const int d = mt * 16 + g + 8 * (e >> 1);
-          if (q >= nq) continue;
-          const int r = q / group;
-          if (((active >> r) & 1u) == 0) continue;
-          const int64_t at = (static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * max_splits + c;
-          part_o[at * D + d] = acc[mm][ni][e];
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int q = q0 + ni * 8 + 2 * t + (e & 1);
+        const int d = mt * 16 + g + 8 * (e >> 1);
+        if (q >= nq) continue;
+        const int r = q / group;
+        if (((active >> r) & 1u) == 0) continue;
+        const int64_t at = (static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * max_splits + c;
+        part_o[at * D + d] = acc[mm][ni][e];
       }
     }
-    for (int q = static_cast<int>(threadIdx.x); q < nq; q += kThreads) {
-      const int r = q / group;
-      if (((active >> r) & 1u) == 0) continue;
-      const int64_t at = (static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * max_splits + c;
-      part_ml[at * 2] = ms[q];
-      part_ml[at * 2 + 1] = ls[q];
+  }
+  for (int ql = static_cast<int>(threadIdx.x); ql < kNq; ql += kThreads) {
+    const int q = q0 + ql;
+    if (q >= nq) continue;
+    const int r = q / group;
+    if (((active >> r) & 1u) == 0) continue;
+    const int64_t at = (static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * max_splits + c;
+    part_ml[at * 2] = m.ms[ql];
+    part_ml[at * 2 + 1] = m.ls[ql];
+  }
+  __syncthreads();  // the shared buffers are reused by the next item
+}
+
+// Two blocks per multiprocessor up to 3 query blocks (registers capped at 128; the 3-block kernel otherwise
+// spilled), one above, where the shared memory of a 256-dim head allows no second block anyway.
+//
+// When every row is one query block (a GQA group of 8) and the items of all rows fit the grid one row at a
+// time (short contexts: a 2K-token row has 66 items for 264 blocks), a block takes one (item, row) pair
+// instead of one item for all rows: the rows' items run side by side rather than one query block after
+// another in each block. Every query's arithmetic is the same either way (its scores, softmax and values
+// never see another query), so the choice, which depends on the positions, changes no result. Long
+// contexts keep one item for all rows: each KV tile is then read once for every row.
+template <int NT>
+__global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
+    attn_decode_kernel(AttentionLaunch a, int r0, int nrows, const float* qbuf, float* part_o, float* part_ml,
+                       int max_splits, bool row_items) {
+  PD_TRACE_SCOPE(kAttnDecode, nrows);
+  pdl_enter();
+  PD_TRACE_STAMP(0);
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.head_dim, group = a.num_heads / a.num_kv_heads;
+  Plan& plan = *reinterpret_cast<Plan*>(smem + layout(D, NT * 8).plan);
+  if (threadIdx.x == 0) make_plan(a, r0, nrows, &plan);
+  __syncthreads();
+  const int items = plan.first[plan.classes];
+  const int grid = static_cast<int>(gridDim.x);
+  int loaded = -1;
+  if (NT > 1 && row_items && group == 8 && items * nrows <= grid) {
+    const Smem m(smem, D, 8);
+    for (int u = static_cast<int>(blockIdx.x); u < items * nrows; u += grid) {
+      const int r = u / items;
+      run_item<1>(a, plan, m, u - r * items, r * group, 1u << r, nrows, qbuf, part_o, part_ml, max_splits,
+                  &loaded);
     }
-    __syncthreads();  // the shared buffers are reused by the next item
+    return;
+  }
+  const Smem m(smem, D, NT * 8);
+  for (int item = static_cast<int>(blockIdx.x); item < items; item += grid) {
+    run_item<NT>(a, plan, m, item, 0, ~0u, nrows, qbuf, part_o, part_ml, max_splits, &loaded);
   }
 }
 
@@ -460,10 +537,11 @@ void launch_attn_decode(const AttentionLaunch& a, int r0, int rows, const float*
   // Two blocks per multiprocessor: enough items in flight to stream the cache at long contexts; blocks take
   // items in strides, so the grid never depends on the positions (one graph serves every step of width R).
   const unsigned grid = static_cast<unsigned>(2 * (a.multiprocessors > 0 ? a.multiprocessors : 1));
+  static const bool row_items = env_switch_on("PD_ATTN_ROW_ITEMS");
   with_query_blocks(nt, [&](auto k) {
     PD_TRACE_ENSURE();
     launch_pdl(attn_decode_kernel<decltype(k)::value>, dim3(grid), dim3(kThreads), smem, stream, a, r0, rows,
-               qbuf, part_o, part_ml, attn_max_splits(a.num_kv_heads));
+               qbuf, part_o, part_ml, attn_max_splits(a.num_kv_heads), row_items);
   });
 }
 

@@ -17,15 +17,11 @@
 // exchanges the partial sums once after the last row (distributed shared memory), and every block adds them
 // in block order. A row's results depend only on the state before it and its own inputs, and every sum has
 // the same order whatever the group holds, so the split and the grouping change nothing across R.
-#include <cooperative_groups.h>
-
 #include "puredrive/backend/cuda/common.cuh"
 #include "puredrive/backend/cuda/trace.cuh"
 
 namespace pd::cuda {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kMaxSplit = 4;
 // The fast kernels: a conv of 4 taps (every published model's) and at most 256 threads per block, so that the
@@ -113,7 +109,6 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   PD_TRACE_SCOPE(kGdnRecurrent, rows);
   pdl_enter();
   PD_TRACE_STAMP(0);
-  cg::cluster_group cluster = cg::this_cluster();
   constexpr int kParts = 4;
   const int Dk = RPT * kParts;
   const int Dv = g.v_head_dim;
@@ -121,11 +116,13 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   __shared__ __align__(16) float qs[G][(RPT + kPartPad) * kParts], ks[G][(RPT + kPartPad) * kParts];
   __shared__ float red[2 * G][kMaxWarps];
   __shared__ float tot[2 * G];
-  __shared__ float beta_s[G], alpha_s[G];  // the group's gates (per head: one thread per row)
-  __shared__ float o_part[kGdnChunk];      // this block's sum of o^2 per row
-  extern __shared__ float o_raw[];         // [rows][cols]: readout before the gated norm
+  __shared__ float beta_s[G], alpha_s[G];         // the group's gates (per head: one thread per row)
+  __shared__ float o_part[kGdnChunk];             // this block's sum of o^2 per row
+  __shared__ float o_peer[kMaxSplit][kGdnChunk];  // the head's blocks' o_part, by block, sent by them
+  __shared__ uint64_t o_bar;                      // completes when every o_peer value has come
+  extern __shared__ float o_raw[];                // [rows][cols]: readout before the gated norm
   const int h = static_cast<int>(blockIdx.x) / split;
-  const int c = static_cast<int>(blockIdx.x) % split;  // cluster.block_rank() is rank_base + c
+  const int c = static_cast<int>(blockIdx.x) % split;  // this block's cluster rank is rank_base + c
   const int kh = h / (g.num_v_heads / g.num_k_heads);
   const int tid = static_cast<int>(threadIdx.x);
   const int jl = tid / kParts, part = tid % kParts;
@@ -140,6 +137,11 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   const int cq = kh * Dk + tid, ck = key_dim + kh * Dk + tid, cv = 2 * key_dim + h * Dv + j;
   const int slot = qk_slot(tid, RPT);  // this thread's q and k channel (tid < Dk)
   const int mine = qk_slot(i0, RPT);   // this thread's part
+  if (tid == 0) {
+    mbar_init(&o_bar, 1);
+    mbar_expect(&o_bar, static_cast<uint32_t>(split * rows * sizeof(float)));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   float win_q[KC], win_k[KC], win_v[KC];
   if (tid < Dk) {
     conv_load(g, C, cq, win_q);
@@ -206,6 +208,9 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
     }
     // l2norm(q) * Dk^-1/2 and l2norm(k), eps 1e-6 inside the root (FLA / HF).
     block_sums<2 * G>(sq, red, tot);
+    // The conv windows are read (their values used) and o_bar is initialised: half of the cluster barrier
+    // that cluster rank 0 waits on before it writes the q and k windows, and every block before it sends.
+    if (first == 0) cluster_arrive_relaxed();
     if (tid < Dk) {
       for (int r = 0; r < n; ++r) {
         qs[r][slot] = (qs[r][slot] * (1.0f / sqrtf(tot[2 * r] + 1e-6f))) * q_scale;
@@ -265,15 +270,24 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
 #pragma unroll
   for (int ii = 0; ii < RPT; ++ii) state[static_cast<int64_t>(i0 + ii) * Dv + j] = s[ii];
   if (part == 0) conv_store(g.conv_state, C, cv, kc, win_v);
-  // Gated RMSNorm, norm before gate: (w * (o * rsqrt(mean(o^2) + eps))) * silu(z), mean over the head.
-  cluster.sync();  // also: every block of the cluster has read q and k's conv windows
+  // Gated RMSNorm, norm before gate: (w * (o * rsqrt(mean(o^2) + eps))) * silu(z), mean over the head. The
+  // head's blocks send each other their sums of o^2 (store_remote, counted on o_bar). A cluster.sync()
+  // here had to wait until this block's state and snapshot stores were acknowledged (release semantics):
+  // 15-23% of the warps' samples, at MEMBAR (ncu, ae46886).
+  cluster_wait();
   if (qk_owner && tid < Dk) {
     conv_store(g.conv_state, C, cq, kc, win_q);
     conv_store(g.conv_state, C, ck, kc, win_k);
   }
+  __syncthreads();  // o_part of the last group
+  for (int t = tid; t < rows * split; t += static_cast<int>(blockDim.x)) {
+    const int r = t / split, b = t - r * split;
+    store_remote(&o_peer[c][r], o_part[r], &o_bar, static_cast<uint32_t>(rank_base + b));
+  }
+  mbar_wait(&o_bar, 0);
   for (int r = 0; r < rows; ++r) {
     float total = 0.0f;
-    for (int b = 0; b < split; ++b) total = total + cluster.map_shared_rank(o_part, rank_base + b)[r];
+    for (int b = 0; b < split; ++b) total = total + o_peer[b][r];
     if (part == 0) {
       const int64_t gr = r0 + r;
       const float inv = 1.0f / sqrtf(total / static_cast<float>(Dv) + g.eps);
@@ -282,7 +296,6 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
           (g.norm[j] * (o_raw[r * cols + jl] * inv)) * siluf_(z);
     }
   }
-  cluster.sync();  // the other blocks may still read o_part
 }
 
 // Blocks per value head: as many as keep every thread busy with one column and the key dim within the block,
