@@ -30,7 +30,11 @@ constexpr int kMaxSplit = 4;
 constexpr int kFastConv = 4;
 constexpr int kFastThreads = 256;
 constexpr int kMaxCluster = 8;  // blocks per cluster (the portable limit): GQA ratio x split
-constexpr int kRowGroup = 8;   // rows whose inputs are loaded and normalised together (PD_GDN_ROW_GROUP=0: 1)
+constexpr int kRowGroup = 8;  // rows whose inputs are loaded and normalised together (PD_GDN_ROW_GROUP=0: 1)
+// The fast kernels' group for steps of at most this many rows (an MTP verify step of K = 2 or 3 drafts): each
+// row of a group is straight-line code that runs once per launch, cold in the instruction cache, so a smaller
+// group is a smaller kernel (ncu, ae46886: 13-16% of a 3-row launch's samples waited for instructions).
+constexpr int kSmallRowGroup = 4;
 constexpr int kMaxWarps = 16;  // 512 threads
 // q and k of a row in shared memory: part p's RPT values (state rows [p RPT, (p + 1) RPT)) start at
 // p (RPT + kPartPad), so that the four parts of a warp read from four different groups of banks, 16 bytes at
@@ -332,7 +336,10 @@ void launch_split(const GdnLaunch& g, int r0, int rows, int split, cudaStream_t 
   // (bench/results/2026-12-03-h200-6398cc3.md), and the sums are the same either way.
   static const bool grouped = env_switch_on("PD_GDN_ROW_GROUP");
   const bool fast = g.conv_kernel == kFastConv && cfg.blockDim.x <= kFastThreads;
-  if (grouped && rows > 1) {
+  static const bool small_group = env_switch_on("PD_GDN_SMALL_GROUP");
+  if (grouped && rows > 1 && fast && small_group && rows <= kSmallRowGroup) {
+    cudaLaunchKernelEx(&cfg, gdn_step_kernel<RPT, kSmallRowGroup, true>, g, r0, rows, split);
+  } else if (grouped && rows > 1) {
     cudaLaunchKernelEx(&cfg,
                        fast ? gdn_step_kernel<RPT, kRowGroup, true> : gdn_step_kernel<RPT, kRowGroup, false>,
                        g, r0, rows, split);
