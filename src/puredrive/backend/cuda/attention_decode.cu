@@ -405,22 +405,25 @@ __device__ __forceinline__ void run_item(const AttentionLaunch& a, const Plan& p
     if (it + 1 < tiles) attn::issue_kv_tile(m.vs, vc, kvw, kh, D, t0 + kAttnTile, end);
     copy_async_commit();
   }
-  // Partial results of the item's active rows: output (unnormalised), max and sum.
+  // Partial results of the item's active rows: output (unnormalised), max and sum. A lane's outputs belong to
+  // 2 NT queries; each query's row and address are worked out once (a division by the run-time group per
+  // output element was most of the kernel's code, and its code runs cold once per launch).
 #pragma unroll
-  for (int mm = 0; mm < 2; ++mm) {
-    const int mt = warp + mm * kWarps;
-    if (mt * 16 >= D) continue;
+  for (int ni = 0; ni < NT; ++ni) {
 #pragma unroll
-    for (int ni = 0; ni < NT; ++ni) {
+    for (int h = 0; h < 2; ++h) {
+      const int q = q0 + ni * 8 + 2 * t + h;
+      if (q >= nq) continue;
+      const int r = q / group;
+      if (((active >> r) & 1u) == 0) continue;
+      float* out =
+          part_o + ((static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * max_splits + c) * D;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q = q0 + ni * 8 + 2 * t + (e & 1);
-        const int d = mt * 16 + g + 8 * (e >> 1);
-        if (q >= nq) continue;
-        const int r = q / group;
-        if (((active >> r) & 1u) == 0) continue;
-        const int64_t at = (static_cast<int64_t>(r) * hq + kh * group + (q - r * group)) * max_splits + c;
-        part_o[at * D + d] = acc[mm][ni][e];
+      for (int mm = 0; mm < 2; ++mm) {
+        const int mt = warp + mm * kWarps;
+        if (mt * 16 >= D) continue;
+        out[mt * 16 + g] = acc[mm][ni][h];
+        out[mt * 16 + g + 8] = acc[mm][ni][h + 2];
       }
     }
   }
