@@ -20,7 +20,9 @@ if raw:
     head = raw[0]
     name_i = head.index("Kernel Name") if "Kernel Name" in head else None
     time_i = head.index("gpu__time_duration.sum") if "gpu__time_duration.sum" in head else None
-    stall = [(i, h) for i, h in enumerate(head) if re.fullmatch(r"smsp__pcsamp_warps_issue_stalled_\w+", h)]
+    stall = [(i, h) for i, h in enumerate(head)
+             if re.fullmatch(r"smsp__pcsamp_warps_issue_stalled_\w+", h) and not h.endswith("_not_issued")]
+    units = raw[1]
     for r in raw[2:]:  # row 1 holds the units
         name = r[name_i].split("(")[0] if name_i is not None else "?"
         counts = []
@@ -31,8 +33,8 @@ if raw:
                 pass
         total = sum(c for c, _ in counts) or 1.0
         top = ", ".join(f"{n} {100 * c / total:.0f}%" for c, n in sorted(counts, reverse=True)[:8] if c > 0)
-        t = r[time_i] if time_i is not None else "?"
-        print(f"{label}: {name[:70]} time {t} ns; samples {total:.0f}: {top}")
+        t = f"{r[time_i]} {units[time_i]}" if time_i is not None else "?"
+        print(f"{label}: {name[:70]} time {t}; samples {total:.0f}: {top}")
 
 sections, current, head = [], None, None
 for r in rows_of(source_path):
