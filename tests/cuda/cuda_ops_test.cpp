@@ -438,8 +438,8 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
        {WeightFormat::kAffine, 4, 32},
        {WeightFormat::kAffine, 8, 32}},
       {64, 8, 256, 128, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
-      // The real model's widths: decode steps stream the experts (moe_stream.cu), bf16 or affine 4-, 6- or
-      // 8-bit with an 8-bit router (the quantization recipes' rule).
+      // The real model's widths: decode steps stream the experts (moe_stream_up.cu, moe_stream_down.cu), bf16
+      // or affine 4-, 6- or 8-bit with an 8-bit router (the quantization recipes' rule).
       {64, 8, 2048, 512, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
       {64,
        8,

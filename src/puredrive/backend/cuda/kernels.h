@@ -277,7 +277,7 @@ struct MoeLaunch {
   int rows = 0;
   void* scratch = nullptr;  // moe_scratch_bytes
   // Two counters, zero between launches, not in the scratch (which the wide path lays out differently):
-  // [0] the router blocks finished (the last resets it), or the blocks arrived at moe_stream.cu's grid
+  // [0] the router blocks finished (the last resets it), or the blocks arrived at moe_stream_up.cu's grid
   // barrier; [1] that barrier's generation.
   int* router_ticket = nullptr;
   // When set, the number of distinct experts each decode chunk reads is added to it (bytes accounting).

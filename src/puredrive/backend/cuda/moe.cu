@@ -10,10 +10,10 @@
 // 4. combine per (row, column): ((0 + w_1 y_1) + w_2 y_2 ...) over the selected experts in ascending id, then
 //    + sigmoid(x . w_sg) * y_shared, as the CPU backend sums.
 // Each expert's weights are read once per chunk for all rows that use it; a row's result depends only on
-// that row. bf16 blocks of the widths moe_stream_supported takes run all four steps in moe_stream.cu instead
-// (weights streamed through shared memory, tensor cores; the router fused into the gate/up kernel). Wider
-// steps run moe_grouped.cu (tensor cores) or moe_wide.cu (tiled reference path), which share this file's
-// route and combine kernels (launch_moe_route_rows, launch_moe_combine).
+// that row. bf16 blocks of the widths moe_stream_supported takes run all four steps in moe_stream_up.cu and
+// moe_stream_down.cu instead (weights streamed through shared memory, tensor cores; the router fused into the
+// gate/up kernel). Wider steps run moe_grouped.cu (tensor cores) or moe_wide.cu (tiled reference path), which
+// share this file's route and combine kernels (launch_moe_route_rows, launch_moe_combine).
 #include "puredrive/backend/cuda/common.cuh"
 #include "puredrive/backend/cuda/moe_route.cuh"
 #include "puredrive/backend/cuda/moe_stream.h"

@@ -1,4 +1,4 @@
-// Routing of a MoE chunk (spec §6), shared by moe.cu's router kernel and moe_stream.cu's fused router: one
+// Routing of a MoE chunk (spec §6), shared by moe.cu's router kernel and moe_stream_up.cu's fused router: one
 // warp per row from the router logits, then the ascending list of the experts any row selected.
 #pragma once
 
@@ -75,8 +75,8 @@ __device__ void route_row_regs(const float* logits, int E, int K, bool norm, int
   }
 }
 
-// Routes row `logits` with the calling warp (E <= 1024). Out of line: moe_stream.cu runs the same code early
-// to bring it into the instruction cache.
+// Routes row `logits` with the calling warp (E <= 1024). Out of line: moe_stream_up.cu runs the same code
+// early to bring it into the instruction cache.
 static __device__ __noinline__ void route_row(const float* logits, int E, int K, bool norm, int* sel,
                                               float* wts) {
   if (E <= 256) {

@@ -1,5 +1,5 @@
-// The experts of a decode MoE block streamed through shared memory (moe_stream.cu): bf16 router and experts;
-// the gate/up kernel computes the router and the route itself.
+// The experts of a decode MoE block streamed through shared memory (moe_stream_up.cu, moe_stream_down.cu):
+// bf16 router and experts; the gate/up kernel computes the router and the route itself.
 #pragma once
 
 #include <cuda_runtime.h>

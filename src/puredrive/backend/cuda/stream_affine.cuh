@@ -1,5 +1,5 @@
 // Affine 4-, 6- and 8-bit weights on the weight stream (stream_ring.cuh), shared by gemv_stream.cu and
-// moe_stream.cu.
+// the MoE stream kernels (moe_stream_tiles.cuh).
 //
 // The codes enter the tensor cores as their values: mma m16n8k32 with the codes as the unsigned 8-bit A
 // operand (8-bit codes as stored, 4- and 6-bit codes spread to one byte each as they are read from the

@@ -1,8 +1,8 @@
-// The weight stream of the decode products (gemv_stream.cu, moe_stream.cu): one producer warp per block
-// copies tiles of 16 weight rows into a ring of shared-memory stages with the bulk copy engine
-// (cp.async.bulk, completing on an mbarrier per stage); kConsumers consumer warps multiply each stage on
-// the tensor cores (mma m16n8k16: the 16 weight rows as A, the step's up to 8 rows as B, split into bf16 hi
-// + lo as in gemv_mma.cu) and release it.
+// The weight stream of the decode products (gemv_stream.cu, moe_stream_up.cu, moe_stream_down.cu): one
+// producer warp per block copies tiles of 16 weight rows into a ring of shared-memory stages with the bulk
+// copy engine (cp.async.bulk, completing on an mbarrier per stage); kConsumers consumer warps multiply each
+// stage on the tensor cores (mma m16n8k16: the 16 weight rows as A, the step's up to 8 rows as B, split into
+// bf16 hi + lo as in gemv_mma.cu) and release it.
 //
 // Consumer warp w owns columns [w * kSlice, (w + 1) * kSlice) of every chunk; lane (g, q) reads 16 bytes
 // (8 columns) of staged rows g and g + 8 per 32 columns, rows padded so that rows g and g + 1 fall in
@@ -44,7 +44,7 @@ struct Shape {
 
 // The L2 policy of the weight stream's copies: evict first. A step reads each weight once, and lines kept
 // by the default policy push out what the next kernels will read (an MoE block's down weights prefetched
-// while its gate/up kernel streams, moe_stream.cu).
+// while its gate/up kernel streams, moe_stream_up.cu).
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
