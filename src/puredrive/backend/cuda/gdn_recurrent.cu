@@ -33,7 +33,7 @@ constexpr int kMaxCluster = 8;  // blocks per cluster (the portable limit): GQA 
 constexpr int kRowGroup = 8;  // rows whose inputs are loaded and normalised together (PD_GDN_ROW_GROUP=0: 1)
 // The fast kernels' group for steps of at most this many rows (an MTP verify step of K = 2 or 3 drafts): each
 // row of a group is straight-line code that runs once per launch, cold in the instruction cache, so a smaller
-// group is a smaller kernel (ncu, ae46886: 13-16% of a 3-row launch's samples waited for instructions).
+// group is a smaller kernel (ncu, ae46886: 22-30% of a 3-row launch's samples waited for instructions).
 constexpr int kSmallRowGroup = 4;
 constexpr int kMaxWarps = 16;  // 512 threads
 // q and k of a row in shared memory: part p's RPT values (state rows [p RPT, (p + 1) RPT)) start at
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   // Gated RMSNorm, norm before gate: (w * (o * rsqrt(mean(o^2) + eps))) * silu(z), mean over the head. The
   // head's blocks send each other their sums of o^2 (store_remote, counted on o_bar). A cluster.sync()
   // here had to wait until this block's state and snapshot stores were acknowledged (release semantics):
-  // 15-23% of the warps' samples, at MEMBAR (ncu, ae46886).
+  // 13-14% of a one-row launch's samples were MEMBAR stalls (ncu, ae46886).
   cluster_wait();
   if (qk_owner && tid < Dk) {
     conv_store(g.conv_state, C, cq, kc, win_q);
