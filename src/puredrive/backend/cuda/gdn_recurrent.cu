@@ -13,9 +13,9 @@
 // together (fixed-order block sums, one barrier pass for the group), so the rows' recurrence itself runs
 // without a barrier or a memory wait: decay, delta rule, readout (sums over the key dim ascending inside a
 // thread, then ((p0 + p1) + (p2 + p3)) across the four parts), the per-row state snapshot. The gated RMSNorm
-// needs the sum of o^2 over the head: each block sums its columns per row (once per group), the cluster
-// exchanges the partial sums once after the last row (distributed shared memory), and every block adds them
-// in block order. A row's results depend only on the state before it and its own inputs, and every sum has
+// needs the sum of o^2 over the head: each block sums its columns per row (once per group), sends the sums to
+// the head's other blocks once after the last row (into their shared memory), and every block adds them in
+// block order. A row's results depend only on the state before it and its own inputs, and every sum has
 // the same order whatever the group holds, so the split and the grouping change nothing across R.
 #include "puredrive/backend/cuda/common.cuh"
 #include "puredrive/backend/cuda/trace.cuh"
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(FAST ? kFastThreads : 512)
   if (tid == 0) {
     mbar_init(&o_bar, 1);
     mbar_expect(&o_bar, static_cast<uint32_t>(split * rows * sizeof(float)));
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   float win_q[KC], win_k[KC], win_v[KC];
   if (tid < Dk) {

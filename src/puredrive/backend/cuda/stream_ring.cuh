@@ -100,7 +100,7 @@ struct Ring {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumers);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __device__ static int slot(int f) { return f % S::kStages; }
   __device__ static uint32_t phase(int f) { return static_cast<uint32_t>((f / S::kStages) & 1); }
