@@ -465,6 +465,16 @@ TEST_F(CudaOps, MoeMatchesCpuAndIsRowExact) {
        {WeightFormat::kAffine, 6, 64},
        {WeightFormat::kAffine, 6, 64},
        {WeightFormat::kAffine, 8, 64}},
+      // Qwen3-Next's 512 experts, top-10: 513 router outputs, more than two per gate/up block, so the blocks
+      // compute them in several pairs (moe_stream_up.cu, router_slices).
+      {512,
+       10,
+       512,
+       512,
+       {WeightFormat::kAffine, 8, 64},
+       {WeightFormat::kAffine, 8, 64},
+       {WeightFormat::kAffine, 8, 64},
+       {WeightFormat::kAffine, 8, 64}},
       // The oq6e recipe: routed experts 6-bit, the shared expert 8-bit.
       {64,
        8,

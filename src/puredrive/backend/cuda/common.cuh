@@ -309,15 +309,18 @@ __device__ __forceinline__ void fma_chunk2(const RawW8& raw, const RawW8& raw2, 
   }
 }
 
-template <int FMT, int BITS, bool VEC, int NR>
+// Chunks [begin, end) only when end >= 0 (a slice of the row, lanes from its first chunk), else the whole
+// row; BATCH: chunks per lane in flight.
+template <int FMT, int BITS, bool VEC, int NR, int BATCH = dot_batch<FMT>()>
 __device__ __forceinline__ void dot_rows(const DevMatrix& m, const void* data, const void* scales,
                                          const void* biases, int64_t n, const float* const xr[NR],
-                                         uint32_t mask, int lane, float acc[NR]) {
-  constexpr int kBatch = dot_batch<FMT>();
-  const int64_t chunks = m.cols / 8;
+                                         uint32_t mask, int lane, float acc[NR], int64_t begin = 0,
+                                         int64_t end = -1) {
+  constexpr int kBatch = BATCH;
+  const int64_t chunks = end < 0 ? m.cols / 8 : end;
   with_scale_dtype<FMT>(m.scale_dtype, [&](auto sd) {
     constexpr int SD = decltype(sd)::value;
-    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kBatch) {
+    for (int64_t c0 = begin + lane; c0 < chunks; c0 += 32 * kBatch) {
       RawW8 raw[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {

@@ -50,23 +50,65 @@ __device__ void grid_barrier(int* bar) {
   __threadfence();
 }
 
-// The consumer warps of every block: router outputs (warp w of block b computes output b + G w). RF: the
-// router's format, the experts' (affine routers are 8-bit); its activation loads are scalar, so the kernel
-// needs no variant for unaligned rows.
+// The router's outputs of block b, n = b, b + G, ... (the E experts' logits, then n = E: the shared-expert
+// gate), a pair at a time: consumer warp w takes output w / kRouterSlices of the pair and the
+// (w % kRouterSlices)-th slice of its columns, and the slices' sums are added in slice order. One warp per
+// output (two busy warps per block) took 2.0 us for the bf16 router and 5.3 us for the 8-bit one after the
+// kernel's dependency wait (trace build, bench/results/2026-12-04-h200-d99e535-trace.md): each lane's eight
+// chunks were a chain of loads and dependent products. RF: the router's format, the experts' (affine routers
+// are 8-bit); NR: accumulators for the step's rows (a row's sum does not depend on how many). Its activation
+// loads are scalar, so the kernel needs no variant for unaligned rows.
+constexpr int kRouterSlices = kConsumers / 2;
+constexpr int kRouterBatch = 2;  // a lane's chunks in flight: its whole slice of a 4096-column row
+template <int RF, int NR>
+__device__ __forceinline__ void router_slices(const MoeStreamArgs& a, int warp, int lane) {
+  __shared__ float part[kConsumers][NR];
+  constexpr int kBits = RF == static_cast<int>(WFmt::kAffine) ? 8 : 0;
+  const MoeLaunch& m = a.m;
+  const int64_t G = gridDim.x, E = m.experts;
+  const int slice = warp % kRouterSlices;
+  const int64_t chunks = m.hidden / 8;
+  const int64_t begin = chunks * slice / kRouterSlices, end = chunks * (slice + 1) / kRouterSlices;
+  const float* xr[NR];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) xr[r] = a.x + r * a.xs;
+  for (int64_t pair = blockIdx.x; pair <= E; pair += 2 * G) {  // the same trips for every warp
+    const int64_t n = pair + G * (warp / kRouterSlices);
+    float acc[NR] = {};
+    if (n <= E) {
+      const DevMatrix& w = n < E ? m.router : m.shared_gate;
+      dot_rows<RF, kBits, false, NR, kRouterBatch>(w, w.data, w.scales, w.biases, n < E ? n : 0, xr,
+                                                   (1u << a.rows) - 1u, lane, acc, begin, end);
+      warp_sum_rows<NR>(acc, a.rows);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < NR; ++r) part[warp][r] = acc[r];
+    }
+    consumers_sync();
+    const int o = static_cast<int>(threadIdx.x) / NR, r = static_cast<int>(threadIdx.x) % NR;
+    const int64_t no = pair + G * o;
+    if (o < 2 && r < a.rows && no <= E) {
+      float sum = part[o * kRouterSlices][r];
+#pragma unroll
+      for (int k = 1; k < kRouterSlices; ++k) sum += part[o * kRouterSlices + k][r];
+      if (no < E) {
+        a.logits[r * E + no] = sum;
+      } else {
+        a.sg[r] = sum;
+      }
+    }
+    if (pair + 2 * G <= E) consumers_sync();  // part is reused
+  }
+}
 template <int RF>
 __device__ __forceinline__ void router_outputs(const MoeStreamArgs& a, int warp, int lane) {
-  const MoeLaunch& m = a.m;
-  const int64_t n = blockIdx.x + static_cast<int64_t>(gridDim.x) * warp;
-  if (n <= m.experts) {
-    constexpr int kBits = RF == static_cast<int>(WFmt::kAffine) ? 8 : 0;
-    // Accumulators for the rows there are (a row's sum does not depend on how many: dot_rows).
-    if (a.rows == 1) {
-      router_output<RF, kBits, false, 1>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
-    } else if (a.rows <= 4) {
-      router_output<RF, kBits, false, 4>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
-    } else {
-      router_output<RF, kBits, false, kMaxRows>(m, n, a.x, a.xs, a.rows, lane, a.logits, a.sg);
-    }
+  if (a.rows == 1) {
+    router_slices<RF, 1>(a, warp, lane);
+  } else if (a.rows <= 4) {
+    router_slices<RF, 4>(a, warp, lane);
+  } else {
+    router_slices<RF, kMaxRows>(a, warp, lane);
   }
 }
 
