@@ -277,8 +277,7 @@ struct MoeLaunch {
   int rows = 0;
   void* scratch = nullptr;  // moe_scratch_bytes
   // Two counters, zero between launches, not in the scratch (which the wide path lays out differently):
-  // [0] the router blocks finished (the last resets it), or the blocks arrived at moe_stream_up.cu's grid
-  // barrier; [1] that barrier's generation.
+  // [0] the router blocks finished (moe.cu; the last resets it); [1] moe_stream_up.cu's grid barrier.
   int* router_ticket = nullptr;
   // When set, the number of distinct experts each decode chunk reads is added to it (bytes accounting).
   unsigned long long* experts_read = nullptr;
