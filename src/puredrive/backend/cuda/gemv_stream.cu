@@ -102,9 +102,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, q = lane & 3;
   const bool has_row = g < rows;
   const float* xr = x + (has_row ? g : 0) * xs;
+  // The activations load while the norm's sums do (one round trip instead of two).
+  float v[S::kChunks][S::kBlocks32][8];
+  load_activations<S, VEC>(xr, has_row, warp, q, v);
   const float inv = row_norm(t, x, xs, rows, S::kCols, warp, lane, g);
   uint32_t frag[S::kChunks][S::kBlocks32][8];
-  load_fragments<S, VEC>(xr, has_row, warp, q, frag, t.norm, inv);
+  make_fragments<S>(v, has_row, warp, q, frag, t.norm, inv);
   PD_TRACE_STAMP(1);
   const int col = column_bytes<S>(warp, q);
   int f = 0;
@@ -156,12 +159,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   pdl_wait();
   const int g = lane >> 2, q = lane & 3;
-  const float inv = row_norm(t, x, xs, rows, S::kCols, warp, lane, g);
   AffineX<S, PPS> ax;
   {
     float v[S::kBlocks][8];
-    AffineX<S, PPS>::template load_raw<VEC>(g < rows ? x + g * xs + warp * S::kSlice : nullptr, q, v,
-                                            t.norm == nullptr ? nullptr : t.norm + warp * S::kSlice, inv);
+    AffineX<S, PPS>::template load_raw<VEC>(g < rows ? x + g * xs + warp * S::kSlice : nullptr, q, v);
+    const float inv = row_norm(t, x, xs, rows, S::kCols, warp, lane, g);
+    if (t.norm != nullptr && g < rows) {
+#pragma unroll
+      for (int j = 0; j < S::kBlocks; ++j) normalize8(v[j], t.norm + warp * S::kSlice + 32 * j + 8 * q, inv);
+    }
     ax.make(v, q);
   }
   // t.tiles_per_sync tiles per exchange of the partials, tile k stored by thread team k.

@@ -172,23 +172,36 @@ __device__ __forceinline__ void normalize8(float (&v)[8], const float* w, float 
   for (int e = 0; e < 8; ++e) v[e] = (v[e] * inv) * wv[e];
 }
 
-// Lane (g, q)'s B fragments of every column the warp owns, from xr (row g of the activations; zeros
-// unless has_row); with a norm weight nw, of the normalised row (inv: its norm_inverses).
+// Lane (g, q)'s activations of every column the warp owns, from xr (row g; zeros unless has_row), as loaded.
 template <typename S, bool VEC>
-__device__ __forceinline__ void load_fragments(const float* xr, bool has_row, int warp, int q,
-                                               uint32_t (&frag)[S::kChunks][S::kBlocks32][8],
-                                               const float* nw = nullptr, float inv = 1.0f) {
+__device__ __forceinline__ void load_activations(const float* xr, bool has_row, int warp, int q,
+                                                 float (&v)[S::kChunks][S::kBlocks32][8]) {
 #pragma unroll
   for (int c = 0; c < S::kChunks; ++c) {
 #pragma unroll
     for (int h = 0; h < S::kBlocks32; ++h) {
-      float v[8] = {};
-      const int col = c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q;
       if (has_row) {
-        load_x8<VEC>(xr + col, v);
-        if (nw != nullptr) normalize8(v, nw + col, inv);
+        load_x8<VEC>(xr + c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q, v[c][h]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[c][h][e] = 0.0f;
       }
-      split_fragment(v, frag[c][h]);
+    }
+  }
+}
+
+// Their B fragments; with a norm weight nw, of the normalised row (inv: its norm_inverses).
+template <typename S>
+__device__ __forceinline__ void make_fragments(float (&v)[S::kChunks][S::kBlocks32][8], bool has_row,
+                                               int warp, int q, uint32_t (&frag)[S::kChunks][S::kBlocks32][8],
+                                               const float* nw, float inv) {
+#pragma unroll
+  for (int c = 0; c < S::kChunks; ++c) {
+#pragma unroll
+    for (int h = 0; h < S::kBlocks32; ++h) {
+      if (has_row && nw != nullptr)
+        normalize8(v[c][h], nw + c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q, inv);
+      split_fragment(v[c][h], frag[c][h]);
     }
   }
 }
