@@ -6,10 +6,11 @@
 // act = silu(gate) * up is written for the rows that selected the expert.
 //
 // The route comes from the same kernel, while the producer streams the shared expert: the consumer warps
-// compute the router and shared-gate outputs (moe_route.cuh, one warp per output, spread over the blocks),
-// the blocks meet at a grid barrier (one block per SM: every block of the grid is resident), and each block
-// then routes every row itself and hands the used experts to its producer. A separate router kernel cost
-// 11 us per layer (ncu, serialised): its latency chain plus a launch, before the experts could start.
+// compute the router and shared-gate outputs (router_slices: eight warps per output, spread over the
+// blocks), the blocks meet at a grid barrier (one block per SM: every block of the grid is resident), and
+// each block then routes every row itself and hands the used experts to its producer. A separate router
+// kernel cost 11 us per layer (ncu, serialised): its latency chain plus a launch, before the experts could
+// start.
 #include "puredrive/backend/cuda/moe_route.cuh"
 #include "puredrive/backend/cuda/moe_stream_tiles.cuh"
 #include "puredrive/backend/cuda/trace.cuh"

@@ -145,8 +145,7 @@ struct AffineX {
   // The lane's raw values of row g (p: the row at the warp's slice; zeros when null); with a norm weight nw
   // (at the same slice), of the normalised row (inv: its norm_inverses).
   template <bool VEC>
-  __device__ static void load_raw(const float* p, int q, float (&v)[S::kBlocks][8], const float* nw = nullptr,
-                                  float inv = 1.0f) {
+  __device__ static void load_raw(const float* p, int q, float (&v)[S::kBlocks][8]) {
 #pragma unroll
     for (int j = 0; j < S::kBlocks; ++j) {
       if (p == nullptr) {
@@ -154,7 +153,6 @@ struct AffineX {
         for (int e = 0; e < 8; ++e) v[j][e] = 0.0f;
       } else {
         load_x8<VEC>(p + 32 * j + 8 * q, v[j]);
-        if (nw != nullptr) normalize8(v[j], nw + 32 * j + 8 * q, inv);
       }
     }
   }

@@ -172,6 +172,12 @@ __device__ __forceinline__ void normalize8(float (&v)[8], const float* w, float 
   for (int e = 0; e < 8; ++e) v[e] = (v[e] * inv) * wv[e];
 }
 
+// The first of the 8 columns of lane (warp, q) in block h of 32 columns of chunk c.
+template <typename S>
+__device__ __forceinline__ int lane_column(int c, int warp, int h, int q) {
+  return c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q;
+}
+
 // Lane (g, q)'s activations of every column the warp owns, from xr (row g; zeros unless has_row), as loaded.
 template <typename S, bool VEC>
 __device__ __forceinline__ void load_activations(const float* xr, bool has_row, int warp, int q,
@@ -181,7 +187,7 @@ __device__ __forceinline__ void load_activations(const float* xr, bool has_row, 
 #pragma unroll
     for (int h = 0; h < S::kBlocks32; ++h) {
       if (has_row) {
-        load_x8<VEC>(xr + c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q, v[c][h]);
+        load_x8<VEC>(xr + lane_column<S>(c, warp, h, q), v[c][h]);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[c][h][e] = 0.0f;
@@ -199,8 +205,7 @@ __device__ __forceinline__ void make_fragments(float (&v)[S::kChunks][S::kBlocks
   for (int c = 0; c < S::kChunks; ++c) {
 #pragma unroll
     for (int h = 0; h < S::kBlocks32; ++h) {
-      if (has_row && nw != nullptr)
-        normalize8(v[c][h], nw + c * S::kChunk + warp * S::kSlice + 32 * h + 8 * q, inv);
+      if (has_row && nw != nullptr) normalize8(v[c][h], nw + lane_column<S>(c, warp, h, q), inv);
       split_fragment(v[c][h], frag[c][h]);
     }
   }
