@@ -282,9 +282,12 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   const double r1 = time_rows(1, false);
 #ifdef PD_HAVE_CUDA
   if (count_experts) e1 = check(cuda_moe_experts_read(be));
+  // A trace build records these steps too (bench/device/trace_summary.py --rows R).
+  if (be.device() == Device::kCuda) cuda_trace_window(true);
 #endif
   const double rn = time_rows(a.verify_rows, false);
 #ifdef PD_HAVE_CUDA
+  if (be.device() == Device::kCuda) cuda_trace_window(false);
   if (count_experts) e2 = check(cuda_moe_experts_read(be));
 #endif
   const double rd = time_rows(a.verify_rows, true);
