@@ -65,8 +65,8 @@ Expected<int64_t> cuda_moe_experts_read(Backend& backend);
 // the reference for tests and for measuring the prefill kernels. Drops the cached graphs.
 void set_cuda_reference_prefill(Backend& backend, bool on);
 std::vector<CudaOpTime> cuda_op_profile(const Backend& backend);  // sorted by total time, largest first
-// Builds with -DPD_KERNEL_TRACE=ON: the kernel timeline (trace.cuh) records only between open and close (the
-// ring restarts at each open). A no-op in other builds.
+// Builds with -DPD_KERNEL_TRACE=ON: the kernel timeline (trace.cuh) records only between open and close;
+// each window's records follow the previous one's. A no-op in other builds.
 void cuda_trace_window(bool open);
 
 // An NVTX range around host code, so a profiler (ncu --nvtx --nvtx-include NAME/) can select the kernels

@@ -51,8 +51,7 @@ Buffer host_buffer() {
 void cuda_trace_window(bool open) {
   const cuda::trace::Buffer b = cuda::trace::host_buffer();
   const int on = open ? 1 : 0;
-  cudaDeviceSynchronize();
-  if (open) cudaMemset(b.next, 0, sizeof(unsigned long long));
+  cudaDeviceSynchronize();  // a window's records follow the previous window's (the ring starts empty)
   cudaMemcpy(b.enabled, &on, sizeof on, cudaMemcpyHostToDevice);
 }
 #else
