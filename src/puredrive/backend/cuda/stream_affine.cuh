@@ -142,8 +142,8 @@ struct AffineX {
   int xsum[PPS][2];
   float unscale[2];
 
-  // The lane's raw values of row g (p: the row at the warp's slice; zeros when null); with a norm weight nw
-  // (at the same slice), of the normalised row (inv: its norm_inverses).
+  // The lane's raw values of row g (p: the row at the warp's slice; zeros when null). A fused input norm
+  // scales them after (gemv_stream.cu), so that these loads fly with the norm's.
   template <bool VEC>
   __device__ static void load_raw(const float* p, int q, float (&v)[S::kBlocks][8]) {
 #pragma unroll

@@ -51,7 +51,9 @@ Buffer host_buffer() {
 void cuda_trace_window(bool open) {
   const cuda::trace::Buffer b = cuda::trace::host_buffer();
   const int on = open ? 1 : 0;
-  cudaDeviceSynchronize();  // a window's records follow the previous window's (the ring starts empty)
+  // The launches before the switch finish under the old setting. The ring is not reset: a window's records
+  // follow the previous window's (it starts empty, host_buffer).
+  cudaDeviceSynchronize();
   cudaMemcpy(b.enabled, &on, sizeof on, cudaMemcpyHostToDevice);
 }
 #else
