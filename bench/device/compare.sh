@@ -9,7 +9,7 @@
 # PD_TESTS (test binaries), PD_TEST_S (seconds per test binary, default 300), PD_SKIP_TESTS=1,
 # PD_SKIP_CHECK=1, PD_CHECK_S (seconds per `check`, default 60), PD_NCU_QUANTS (candidate only, default
 # none; PD_NCU_BUNDLES="cand base" for the baseline too) with PD_NCU_CONTEXTS (default 2k; --fill auto) and PD_NCU_ROWS (rows of the profiled step, default 1) and PD_NCU_DETAIL (kernel-name regex for
-# full ncu sections; PD_NCU_SECTIONS replaces the default list of --section options), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk), PD_CAND_LONG (contexts for one more candidate bf16 bench, --fill auto: synthetic
+# full ncu sections; PD_NCU_SECTIONS replaces the default list of --section options), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk; PD_NCU_PREFILL_DETAIL: kernel-name regex for their full sections), PD_CAND_LONG (contexts for one more candidate bf16 bench, --fill auto: synthetic
 # above 64K, e.g. 32k,128k,256k; default none; PD_BASE_LONG: the same for the baseline), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
 # MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle, default 2.3, in every cell of the
 # bundles whose bench has --accept-mean; PD_MTP_DRAFT_VOCAB: their --mtp-draft-vocab).
@@ -202,6 +202,18 @@ for q in ${PD_NCU_PREFILL:-}; do
     --synth qwen3.5-35b-a3b --quant "$q" --contexts "${PD_PREFILL_CONTEXT:-2k}" --tokens 2 --verify-iters 1 \
     --profile-steps 0 >/dev/null 2>&1
   python3 bench/device/ncu_summary.py "$det/ncu_prefill_$q.csv" "$q prefill chunk" | tee -a "$out/summary.txt"
+  python3 bench/device/ncu_summary.py "$det/ncu_prefill_$q.csv" "$q prefill chunk, per kernel instance" --shapes \
+    | tee -a "$out/summary.txt"
+  # PD_NCU_PREFILL_DETAIL=regex: the full sections of the first PD_NCU_DETAIL_N matching launches of the chunk.
+  if [ -n "${PD_NCU_PREFILL_DETAIL:-}" ]; then
+    ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_prefill_chunk/ \
+      --kernel-name "regex:${PD_NCU_PREFILL_DETAIL}" --launch-count "${PD_NCU_DETAIL_N:-6}" \
+      ${PD_NCU_SECTIONS:---section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section SchedulerStats --section ComputeWorkloadAnalysis} \
+      --log-file "$out/ncu_prefill_detail_$q.txt" env LD_LIBRARY_PATH=$root/build/cand/lib \
+      build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
+      --contexts "${PD_PREFILL_CONTEXT:-2k}" --tokens 2 --verify-iters 1 --profile-steps 0 >/dev/null 2>&1
+  fi
 done
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$out/summary.txt"
 tar -czf "$out/detail.tar.gz" -C "$out" detail && rm -rf "$det"

@@ -8,8 +8,9 @@
 // 2. chunk (block per chunk and value head): G = running sum of g, N[i][j] = beta_i (k_i . k_j) e^(G_i - G_j)
 //    (j < i) and P[i][j] = (q_i . k_j) e^(G_i - G_j) (j <= i), T = (I + N)^-1 - I by forward substitution,
 //    U = (I + T) diag(beta) V, W = (I + T) diag(beta e^G) K;
-// 3. state (block per value head and 32 state columns, the segment's chunks in order): v' = U - W S,
-//    o = (q e^G) S + P v', S <- e^G_last S + (K e^(G_last - G))^T v'.
+// 3. state (block per value head and 32 state columns, the segment's chunks in order): S_c (the state
+//    before chunk c) kept, v' = U - W S (over U), S <- e^G_last S + (K e^(G_last - G))^T v';
+// 4. out (block per chunk, value head and 64 columns, all at once): o = (q e^G) S_c + P v'.
 // Then the gated RMSNorm of every row and head (a warp each) and the conv state's new window.
 // Every sum runs in a fixed order that depends only on its chunk's rows (explicit fmaf, --fmad=false): a
 // chunk's results do not depend on the rows around it in the step, so prefill pieces split at multiples of
@@ -21,7 +22,6 @@ namespace {
 
 constexpr int kChunk = kGdnPrefillChunk;
 constexpr int kThreads = 256;
-constexpr int kStateCols = 32;   // state columns per block of the state kernel, at most
 constexpr int kTS = kChunk + 1;  // row stride of the [64, 64] shared tiles (no bank conflicts)
 
 // e^x for a log decay x <= 0, or 0 below e^-50: as the CPU backend (gdn_chunked.cpp, which flushes these for
@@ -39,6 +39,7 @@ struct PrefillScratch {
   float* u;     // [rows, Hv * Dv]
   float* w;     // [rows, Hv * Dk]
   float* p;     // [chunks, Hv, 64 * 64]
+  float* snap;  // [chunks, Hv, Dk * Dv]: the state before each chunk
 };
 
 __host__ __device__ inline int64_t channels_of(const GdnLaunch& g) {
@@ -48,7 +49,7 @@ __host__ __device__ inline int64_t channels_of(const GdnLaunch& g) {
 __host__ __device__ inline int64_t scratch_floats(int64_t channels, int hv, int dk, int dv,
                                                   const GdnPrefillCaps& caps) {
   return int64_t{caps.rows} * (channels + 3 * int64_t{hv} + int64_t{hv} * (dk + dv)) +
-         int64_t{caps.chunks} * hv * kChunk * kChunk;
+         int64_t{caps.chunks} * hv * (kChunk * kChunk + int64_t{dk} * dv);
 }
 
 __device__ inline PrefillScratch prefill_scratch(const GdnLaunch& g) {
@@ -61,6 +62,7 @@ __device__ inline PrefillScratch prefill_scratch(const GdnLaunch& g) {
   s.u = s.G + rows * hv;
   s.w = s.u + rows * hv * g.v_head_dim;
   s.p = s.w + rows * hv * g.k_head_dim;
+  s.snap = s.p + int64_t{g.seg_chunks_cap} * hv * kChunk * kChunk;
   return s;
 }
 
@@ -298,9 +300,9 @@ __global__ void __launch_bounds__(kThreads)
       Ts, L, DK, [&](int m, int d) { return Ks[m * KS + d] * BGs[m]; }, W, w_stride);
 }
 
-size_t state_smem_floats(int dk) {
-  return static_cast<size_t>(dk) * kStateCols + 2 * static_cast<size_t>(kChunk) * (dk + 1) + kChunk * kTS +
-         kChunk * kStateCols + 3 * kChunk;
+size_t state_smem_floats(int dk, int cols) {
+  return static_cast<size_t>(dk) * cols + 2 * static_cast<size_t>(kChunk) * (dk + 1) + kChunk * cols +
+         3 * kChunk;
 }
 
 // A block of the state kernel owns COLS state columns: thread (rg, cq) owns columns 4 cq .. 4 cq + 3 and
@@ -338,10 +340,11 @@ __device__ __forceinline__ void times_state(const float* As, const float* Ss, in
 }
 
 // 3. Value head blockIdx.x, state columns [COLS blockIdx.y, COLS blockIdx.y + COLS): the segment's chunks in
-// order. Step rows r0 + i for segment rows i.
+// order. Only this chain is sequential, so it does no more than it must: the outputs are the out kernel's.
+// Chunk c + 1's W comes in while chunk c's state is updated, and chunk c's K while its v' is computed.
 template <int DK, int COLS>
 __global__ void __launch_bounds__(kThreads)
-    gdn_prefill_state_kernel(GdnLaunch g, int r0, int seg_rows, int first_len, int n_chunks) {
+    gdn_prefill_state_kernel(GdnLaunch g, int seg_rows, int first_len, int n_chunks) {
   pdl_enter();
   extern __shared__ __align__(16) float smem[];
   const int dv = g.v_head_dim, hv = g.num_v_heads;
@@ -352,14 +355,12 @@ __global__ void __launch_bounds__(kThreads)
   const int kh = h / (hv / g.num_k_heads);
   const PrefillScratch s = prefill_scratch(g);
   constexpr int AS = DK + 1;
-  float* Ss = smem;                // [DK][32]: the state block
-  float* As = Ss + DK * COLS;      // [64][AS]: W, then K e^(G_last - G)
-  float* Qs = As + kChunk * AS;    // [64][AS]: q e^G
-  float* Ps = Qs + kChunk * AS;    // [64][kTS]
-  float* Vs = Ps + kChunk * kTS;   // [64][32]: v'
-  float* Gs = Vs + kChunk * COLS;  // [64]
-  float* EGs = Gs + kChunk;        // [64] e^G
-  float* KDs = EGs + kChunk;       // [64] e^(G_last - G)
+  float* Ss = smem;                // [DK][COLS]: the state block
+  float* Ws = Ss + DK * COLS;      // [64][AS]: W
+  float* Ks = Ws + kChunk * AS;    // [64][AS]: K e^(G_last - G)
+  float* Vs = Ks + kChunk * AS;    // [64][COLS]: v'
+  float* Gb = Vs + kChunk * COLS;  // [2][64]: G of chunks c and c + 1
+  float* KDs = Gb + 2 * kChunk;    // [64] e^(G_last - G)
   const int tid = static_cast<int>(threadIdx.x);
   const int cq = tid % StateTiling<COLS>::kColGroups, rg = tid / StateTiling<COLS>::kColGroups;
   const int64_t u_stride = int64_t{hv} * dv, w_stride = int64_t{hv} * DK;
@@ -368,25 +369,32 @@ __global__ void __launch_bounds__(kThreads)
     const int d = e / COLS, col = col0 + e % COLS;
     Ss[e] = col < dv ? state[static_cast<int64_t>(d) * dv + col] : 0.0f;
   }
+  auto stage_w = [&](int c) {
+    const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
+    stage_rows(Ws, AS, s.w + start * w_stride + static_cast<int64_t>(h) * DK, w_stride, L, DK);
+    if (tid < kChunk) {
+      Gb[(c & 1) * kChunk + tid] = tid < L ? s.G[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;
+    }
+  };
+  stage_w(0);
+  copy_async_wait_all();
+  __syncthreads();
   for (int c = 0; c < n_chunks; ++c) {
     const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
-    // W, q and P in flight together (their buffers were last read before the previous chunk's barriers).
-    stage_rows(As, AS, s.w + start * w_stride + static_cast<int64_t>(h) * DK, w_stride, L, DK);
-    stage_rows(Qs, AS, s.xn + start * C + kh * DK, C, L, DK);
-    stage_rows(Ps, kTS, s.p + (static_cast<int64_t>(c) * hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
-    if (tid < kChunk) {
-      const float G = tid < L ? s.G[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;
-      Gs[tid] = G;
-      EGs[tid] = decay_factor(G);
+    const float* G = Gb + (c & 1) * kChunk;
+    // K comes into the buffer the last chunk's update has left (behind its closing barrier).
+    stage_rows(Ks, AS, s.xn + start * C + key_dim + kh * DK, C, L, DK);
+    float* snap = s.snap + (static_cast<int64_t>(c) * hv + h) * DK * dv;
+    for (int e = tid; e < DK * COLS; e += kThreads) {
+      const int d = e / COLS, col = col0 + e % COLS;
+      if (col < dv) snap[static_cast<int64_t>(d) * dv + col] = Ss[e];
     }
-    copy_async_wait_all();
-    __syncthreads();
-    scale_rows(Qs, AS, L, DK, EGs);  // read by other threads only after the next barrier
-    if (tid < kChunk) KDs[tid] = tid < L ? decay_factor(Gs[L - 1] - Gs[tid]) : 0.0f;
+    if (tid < kChunk) KDs[tid] = tid < L ? decay_factor(G[L - 1] - G[tid]) : 0.0f;
+    const float e_last = decay_factor(G[L - 1]);
 
-    // v' = U - W S
+    // v' = U - W S, written over U for the out kernel.
     float acc[kRows][4];
-    times_state<DK, COLS>(As, Ss, rg, cq, acc);
+    times_state<DK, COLS>(Ws, Ss, rg, cq, acc);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int i = rg + kRowGroups * r;
@@ -394,47 +402,26 @@ __global__ void __launch_bounds__(kThreads)
       for (int q = 0; q < 4; ++q) {
         const int col = col0 + 4 * cq + q;
         float v = 0.0f;
-        if (i < L && col < dv)
-          v = s.u[(start + i) * u_stride + static_cast<int64_t>(h) * dv + col] - acc[r][q];
+        if (i < L && col < dv) {
+          float* u = s.u + (start + i) * u_stride + static_cast<int64_t>(h) * dv + col;
+          v = *u - acc[r][q];
+          *u = v;
+        }
         Vs[i * COLS + 4 * cq + q] = v;
       }
     }
-    __syncthreads();
-
-    // o = (q e^G) S + P v', while K comes into the buffer W has left.
-    stage_rows(As, AS, s.xn + start * C + key_dim + kh * DK, C, L, DK);
-    times_state<DK, COLS>(Qs, Ss, rg, cq, acc);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int i = rg + kRowGroups * r;
-      if (i >= L) continue;
-      float intra[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int m = 0; m <= i; ++m) {
-        const float p = Ps[i * kTS + m];
-        const float4 v = *reinterpret_cast<const float4*>(Vs + m * COLS + 4 * cq);
-        intra[0] = fmaf(p, v.x, intra[0]);
-        intra[1] = fmaf(p, v.y, intra[1]);
-        intra[2] = fmaf(p, v.z, intra[2]);
-        intra[3] = fmaf(p, v.w, intra[3]);
-      }
-      float* out = g.out + static_cast<int64_t>(r0 + start + i) * g.out_stride + static_cast<int64_t>(h) * dv;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int col = col0 + 4 * cq + q;
-        if (col < dv) out[col] = acc[r][q] + intra[q];
-      }
-    }
     copy_async_wait_all();
-    scale_rows(As, AS, L, DK, KDs);
+    __syncthreads();  // v', the decays and K are in; W is no longer read
+    scale_rows(Ks, AS, L, DK, KDs);
+    if (c + 1 < n_chunks) stage_w(c + 1);
     __syncthreads();
 
     // S <- e^G_last S + (K e^(G_last - G))^T v': thread (rg, cq) owns state rows rg + kRowGroups k.
-    const float e_last = EGs[L - 1];
     for (int d = rg; d < DK; d += kRowGroups) {
       float* sp = Ss + d * COLS + 4 * cq;
       float a0 = sp[0] * e_last, a1 = sp[1] * e_last, a2 = sp[2] * e_last, a3 = sp[3] * e_last;
       for (int m = 0; m < L; ++m) {
-        const float kd = As[m * AS + d];
+        const float kd = Ks[m * AS + d];
         const float4 v = *reinterpret_cast<const float4*>(Vs + m * COLS + 4 * cq);
         a0 = fmaf(kd, v.x, a0);
         a1 = fmaf(kd, v.y, a1);
@@ -446,11 +433,107 @@ __global__ void __launch_bounds__(kThreads)
       sp[2] = a2;
       sp[3] = a3;
     }
-    __syncthreads();
+    copy_async_wait_all();
+    __syncthreads();  // the state, the next W and G are in
   }
   for (int e = tid; e < DK * COLS; e += kThreads) {
     const int d = e / COLS, col = col0 + e % COLS;
     if (col < dv) state[static_cast<int64_t>(d) * dv + col] = Ss[e];
+  }
+}
+
+constexpr int kOutCols = 64;     // value columns per block of the out kernel
+constexpr int kTP = kChunk + 4;  // row pitch of its transposed tiles (float4 rows)
+size_t out_smem_floats(int dk) {
+  return static_cast<size_t>(dk) * kTP + static_cast<size_t>(dk) * kOutCols + kChunk * kTP +
+         kChunk * kOutCols + kChunk;
+}
+
+// 4. Chunk blockIdx.x of the segment, value head blockIdx.y, columns [64 blockIdx.z, + 64): o = (q e^G) S_c +
+// P v' for step rows r0 + start + i. Thread (ty, tx) owns rows 4 ty .. 4 ty + 3 and columns 4 tx .. 4 tx + 3;
+// each term summed as the fused kernel did (key dim ascending, then m ascending up to the row), so the
+// outputs keep their bits.
+template <int DK>
+__global__ void __launch_bounds__(kThreads)
+    gdn_prefill_out_kernel(GdnLaunch g, int r0, int seg_rows, int first_len) {
+  pdl_enter();
+  extern __shared__ __align__(16) float smem[];
+  const int dv = g.v_head_dim, hv = g.num_v_heads;
+  const int64_t C = channels_of(g);
+  const int c = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
+  const int col0 = static_cast<int>(blockIdx.z) * kOutCols;
+  const int kh = h / (hv / g.num_k_heads);
+  const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
+  const PrefillScratch s = prefill_scratch(g);
+  float* QT = smem;                    // [DK][kTP]: q e^G, transposed
+  float* Sc = QT + DK * kTP;           // [DK][kOutCols]: the state before the chunk
+  float* PT = Sc + DK * kOutCols;      // [64][kTP]: P transposed
+  float* Vs = PT + kChunk * kTP;       // [64][kOutCols]: v'
+  float* EG = Vs + kChunk * kOutCols;  // [64] e^G
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t u_stride = int64_t{hv} * dv;
+  const float* snap = s.snap + (static_cast<int64_t>(c) * hv + h) * DK * dv;
+  for (int e = tid; e < DK * kOutCols; e += kThreads) {
+    const int d = e / kOutCols, col = col0 + e % kOutCols;
+    if (col < dv) {
+      copy4_async(Sc + e, snap + static_cast<int64_t>(d) * dv + col);
+    } else {
+      Sc[e] = 0.0f;
+    }
+  }
+  for (int e = tid; e < kChunk * kOutCols; e += kThreads) {
+    const int i = e / kOutCols, col = col0 + e % kOutCols;
+    if (i < L && col < dv) {
+      copy4_async(Vs + e, s.u + (start + i) * u_stride + static_cast<int64_t>(h) * dv + col);
+    } else {
+      Vs[e] = 0.0f;
+    }
+  }
+  if (tid < kChunk) EG[tid] = tid < L ? decay_factor(s.G[static_cast<int64_t>(start + tid) * hv + h]) : 0.0f;
+  const float* P = s.p + (static_cast<int64_t>(c) * hv + h) * kChunk * kChunk;
+  for (int e = tid; e < kChunk * kChunk; e += kThreads) PT[(e % kChunk) * kTP + e / kChunk] = P[e];
+  __syncthreads();  // EG
+  for (int e = tid; e < kChunk * DK; e += kThreads) {
+    const int i = e / DK, d = e % DK;
+    QT[d * kTP + i] = i < L ? s.xn[(start + i) * C + kh * DK + d] * EG[i] : 0.0f;
+  }
+  copy_async_wait_all();
+  __syncthreads();
+
+  const int tx = tid % 16, ty = tid / 16;
+  float acc[4][4] = {}, intra[4][4] = {};
+  for (int d = 0; d < DK; ++d) {
+    const float4 qv = *reinterpret_cast<const float4*>(QT + d * kTP + 4 * ty);
+    const float4 sv = *reinterpret_cast<const float4*>(Sc + d * kOutCols + 4 * tx);
+    const float q4[4] = {qv.x, qv.y, qv.z, qv.w}, s4[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(q4[a], s4[b], acc[a][b]);
+    }
+  }
+  const int last = min(4 * ty + 3, L - 1);
+  for (int m = 0; m <= last; ++m) {
+    const float4 pv = *reinterpret_cast<const float4*>(PT + m * kTP + 4 * ty);
+    const float4 vv = *reinterpret_cast<const float4*>(Vs + m * kOutCols + 4 * tx);
+    const float p4[4] = {pv.x, pv.y, pv.z, pv.w}, v4[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      if (m > 4 * ty + a) continue;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) intra[a][b] = fmaf(p4[a], v4[b], intra[a][b]);
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < 4; ++a) {
+    const int i = 4 * ty + a;
+    if (i >= L) continue;
+    float* out = g.out + static_cast<int64_t>(r0 + start + i) * g.out_stride + static_cast<int64_t>(h) * dv;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int col = col0 + 4 * tx + b;
+      if (col < dv) out[col] = acc[a][b] + intra[a][b];
+    }
   }
 }
 
@@ -502,17 +585,25 @@ void launch_segment(const GdnLaunch& g, int r0, int seg_rows, int first_len, int
                     cudaStream_t stream) {
   launch_pdl(gdn_prefill_chunk_kernel<DK>, dim3(n_chunks, g.num_v_heads), dim3(kThreads),
              chunk_smem_floats(DK, g.v_head_dim) * sizeof(float), stream, g, seg_rows, first_len);
-  // 16 columns per block: twice the blocks (256 for 32 value heads, two per SM), half the chain per block.
-  // PD_GDN_STATE_COLS16=0: 32 (same-run comparisons). The sums are the same either way.
-  static const bool narrow = env_switch_on("PD_GDN_STATE_COLS16");
-  const size_t smem = state_smem_floats(DK) * sizeof(float);
+  // 32 columns per block, 128 blocks for 32 value heads of 128 columns. The chain's steps wait on barriers
+  // and copies more than on arithmetic, so these finish sooner than twice the blocks with 16 columns each
+  // (212 against 273 us at the 35B shape; 64 columns: 310). PD_GDN_STATE_COLS16=1: 16, for same-run
+  // comparisons; the sums are the same either way.
+  static const bool narrow = [] {
+    const char* v = std::getenv("PD_GDN_STATE_COLS16");
+    return v != nullptr && v[0] == '1';
+  }();
   if (narrow) {
     launch_pdl(gdn_prefill_state_kernel<DK, 16>, dim3(g.num_v_heads, grid_for(g.v_head_dim, 16)),
-               dim3(kThreads), smem, stream, g, r0, seg_rows, first_len, n_chunks);
+               dim3(kThreads), state_smem_floats(DK, 16) * sizeof(float), stream, g, seg_rows, first_len,
+               n_chunks);
   } else {
     launch_pdl(gdn_prefill_state_kernel<DK, 32>, dim3(g.num_v_heads, grid_for(g.v_head_dim, 32)),
-               dim3(kThreads), smem, stream, g, r0, seg_rows, first_len, n_chunks);
+               dim3(kThreads), state_smem_floats(DK, 32) * sizeof(float), stream, g, seg_rows, first_len,
+               n_chunks);
   }
+  launch_pdl(gdn_prefill_out_kernel<DK>, dim3(n_chunks, g.num_v_heads, grid_for(g.v_head_dim, kOutCols)),
+             dim3(kThreads), out_smem_floats(DK) * sizeof(float), stream, g, r0, seg_rows, first_len);
 }
 
 template <int DK>
@@ -522,6 +613,8 @@ void set_limit(size_t bytes) {
   for (auto* k : {gdn_prefill_state_kernel<DK, 16>, gdn_prefill_state_kernel<DK, 32>}) {
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   }
+  cudaFuncSetAttribute(gdn_prefill_out_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(bytes));
 }
 
 }  // namespace
@@ -538,8 +631,9 @@ int64_t gdn_prefill_scratch_floats(int channels, int num_v_heads, int k_head_dim
 }
 
 size_t gdn_prefill_smem_bytes(int k_head_dim, int v_head_dim) {
-  const size_t a = chunk_smem_floats(k_head_dim, v_head_dim), b = state_smem_floats(k_head_dim);
-  return (a > b ? a : b) * sizeof(float);
+  const size_t a = chunk_smem_floats(k_head_dim, v_head_dim), b = state_smem_floats(k_head_dim, 32);
+  const size_t c = out_smem_floats(k_head_dim), ab = a > b ? a : b;
+  return (ab > c ? ab : c) * sizeof(float);
 }
 
 void set_gdn_prefill_smem_limit(size_t bytes) {
