@@ -8,7 +8,7 @@
 // 2. chunk (block per chunk and value head): G = running sum of g, N[i][j] = beta_i (k_i . k_j) e^(G_i - G_j)
 //    (j < i) and P[i][j] = (q_i . k_j) e^(G_i - G_j) (j <= i), T = (I + N)^-1 - I by forward substitution,
 //    U = (I + T) diag(beta) V, W = (I + T) diag(beta e^G) K;
-// 3. state (block per value head and 32 state columns, the segment's chunks in order): S_c (the state
+// 3. state (block per value head and 16 state columns, the segment's chunks in order): S_c (the state
 //    before chunk c) kept, v' = U - W S (over U), S <- e^G_last S + (K e^(G_last - G))^T v';
 // 4. out (block per chunk, value head and 64 columns, all at once): o = (q e^G) S_c + P v'.
 // Then the gated RMSNorm of every row and head (a warp each) and the conv state's new window.
@@ -585,13 +585,13 @@ void launch_segment(const GdnLaunch& g, int r0, int seg_rows, int first_len, int
                     cudaStream_t stream) {
   launch_pdl(gdn_prefill_chunk_kernel<DK>, dim3(n_chunks, g.num_v_heads), dim3(kThreads),
              chunk_smem_floats(DK, g.v_head_dim) * sizeof(float), stream, g, seg_rows, first_len);
-  // 32 columns per block, 128 blocks for 32 value heads of 128 columns. The chain's steps wait on barriers
-  // and copies more than on arithmetic, so these finish sooner than twice the blocks with 16 columns each
-  // (212 against 273 us at the 35B shape; 64 columns: 310). PD_GDN_STATE_COLS16=1: 16, for same-run
-  // comparisons; the sums are the same either way.
+  // 16 columns per block: 256 blocks for 32 value heads of 128 columns. Alone under ncu, 32 columns (128
+  // blocks) finish sooner (263 against 275 us at the 35B shape), but in the step they prefilled an 8K prompt
+  // at 13.86K tok/s against 14.48K (same run, bench/results/2026-12-04-h200-7481c48-prefill.md).
+  // PD_GDN_STATE_COLS32=1: 32, for same-run comparisons; the sums are the same either way.
   static const bool narrow = [] {
-    const char* v = std::getenv("PD_GDN_STATE_COLS16");
-    return v != nullptr && v[0] == '1';
+    const char* v = std::getenv("PD_GDN_STATE_COLS32");
+    return v == nullptr || v[0] != '1';
   }();
   if (narrow) {
     launch_pdl(gdn_prefill_state_kernel<DK, 16>, dim3(g.num_v_heads, grid_for(g.v_head_dim, 16)),
