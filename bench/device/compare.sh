@@ -12,7 +12,7 @@
 # full ncu sections; PD_NCU_SECTIONS replaces the default list of --section options), PD_NCU_PREFILL (quants: kernels of the candidate's last prefill chunk; PD_NCU_PREFILL_DETAIL: kernel-name regex for their full sections), PD_CAND_LONG (contexts for one more candidate bf16 bench, --fill auto: synthetic
 # above 64K, e.g. 32k,128k,256k; default none; PD_BASE_LONG: the same for the baseline), PD_CAND_VARIANTS (below), PD_MTP_DRAFT (default 2; 0: none:
 # MTP cycles with a scripted acceptance of PD_ACCEPT_MEAN tokens per cycle, default 2.3, in every cell of the
-# bundles whose bench has --accept-mean; PD_MTP_DRAFT_VOCAB: their --mtp-draft-vocab).
+# bundles whose bench has --accept-mean; PD_MTP_DRAFT_VOCAB: their --mtp-draft-vocab), PD_PREFILL_RUNS (bench --prefill-runs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -66,6 +66,13 @@ if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
     done
   fi
 fi
+# PD_PREFILL_RUNS=N: N prefills of each cell's prompt, their median reported (bundles whose bench has it).
+prefill_runs() {  # bundle
+  if [ -n "${PD_PREFILL_RUNS:-}" ] && with "$1" build/"$1"/bin/puredrive_device bench --help 2>/dev/null |
+    grep -q prefill-runs; then
+    echo "--prefill-runs $PD_PREFILL_RUNS"
+  fi
+}
 for q in ${PD_QUANTS:-bf16 q8 q6}; do
   for round in $(seq "${PD_ROUNDS:-2}"); do
     for b in base cand; do
@@ -80,7 +87,8 @@ for q in ${PD_QUANTS:-bf16 q8 q6}; do
         [ -n "${PD_MTP_DRAFT_VOCAB:-}" ] && mtp+=(--mtp-draft-vocab "$PD_MTP_DRAFT_VOCAB")
       fi
       with $b timeout 150 build/$b/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
-        --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 ${mtp[@]+"${mtp[@]}"} --json "$j" \
+        --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 ${mtp[@]+"${mtp[@]}"} \
+        $(prefill_runs $b) --json "$j" \
         --commit "$(awk '/^commit/ {print $2}' build/$b/build_info.txt)" --note "$(sed -n 2p build/$b/build_info.txt)" \
         >"$det/bench_${b}_${q}_$round.log" 2>&1
       python3 - "$j" "$b" "$round" <<'PY' | tee -a "$out/summary.txt"
@@ -128,7 +136,7 @@ for v in "${variants[@]}"; do
     fi
     with cand env "${kv[@]}" timeout 150 build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
       --contexts "${PD_CONTEXTS:-2k}" --tokens "${PD_TOKENS:-256}" --profile-steps 0 ${vmtp[@]+"${vmtp[@]}"} \
-      --json "$j" --commit "$(awk '/^commit/ {print $2}' build/cand/build_info.txt)" \
+      $(prefill_runs cand) --json "$j" --commit "$(awk '/^commit/ {print $2}' build/cand/build_info.txt)" \
       --note "$(sed -n 2p build/cand/build_info.txt); variant $v" >/dev/null 2>&1
     python3 - "$j" "$v" <<'PY' | tee -a "$out/summary.txt"
 import json, sys

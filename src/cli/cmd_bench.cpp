@@ -180,31 +180,49 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   // Prefill in chunks of max_rows rows; only the last chunk produces logits. The synthetic fill writes the
   // state directly and starts decoding from a seeded token.
   const bool synthetic = synthetic_fill_for(a.fill, context);
-  const auto p0 = Clock::now();
   std::vector<int32_t> last;
+  // One prefill of the prompt into `s`, timed to the device's end; `mark`: its last chunk is marked for
+  // kernel-level profilers (compare.sh PD_NCU_PREFILL).
+  auto prefill = [&](SequenceState& s, bool mark) {
+    const auto p0 = Clock::now();
+    const int chunk = m.max_rows();
+    for (int begin = 0; begin < context; begin += chunk) {
+      const int n = std::min(chunk, context - begin);
+      const bool final_chunk = begin + n == context;
+#ifdef PD_HAVE_CUDA
+      if (mark && final_chunk && be.device() == Device::kCuda) cuda_range_push("pd_prefill_chunk");
+#endif
+      last = run_step(m, s, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
+                      final_chunk ? LogitRows::kLast : LogitRows::kNone, ids, /*prefill=*/true);
+#ifdef PD_HAVE_CUDA
+      if (mark && final_chunk && be.device() == Device::kCuda) cuda_range_pop();
+#endif
+      if ((begin / chunk + 1) % 1024 == 0) {
+        fmt::print(stderr, "  prefill {}/{} tokens, {:.1f} s\n", begin + n, context,
+                   seconds(p0, Clock::now()));
+      }
+    }
+    check(be.synchronize());
+    return seconds(p0, Clock::now());
+  };
+  // --prefill-runs N: N - 1 prefills into scratch states first (one at a time), then the cell's own; the
+  // median is the cell's prefill time, so that one call resolves differences of a few percent.
+  std::vector<double> prefill_runs;
+  double prefill_s = 0;
   if (synthetic) {
+    const auto p0 = Clock::now();
     check(fill_synthetic(be, st, context, sm.seed + static_cast<uint64_t>(context)));
     last = {prompt.back()};
-  }
-  const int chunk = m.max_rows();
-  for (int begin = 0; !synthetic && begin < context; begin += chunk) {
-    const int n = std::min(chunk, context - begin);
-    const bool final_chunk = begin + n == context;
-#ifdef PD_HAVE_CUDA
-    // The last chunk is marked for kernel-level profilers (compare.sh PD_NCU_PREFILL).
-    if (final_chunk && be.device() == Device::kCuda) cuda_range_push("pd_prefill_chunk");
-#endif
-    last = run_step(m, st, std::span(prompt).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-                    final_chunk ? LogitRows::kLast : LogitRows::kNone, ids, /*prefill=*/true);
-#ifdef PD_HAVE_CUDA
-    if (final_chunk && be.device() == Device::kCuda) cuda_range_pop();
-#endif
-    if ((begin / chunk + 1) % 1024 == 0) {
-      fmt::print(stderr, "  prefill {}/{} tokens, {:.1f} s\n", begin + n, context, seconds(p0, Clock::now()));
+    prefill_s = seconds(p0, Clock::now());
+  } else {
+    for (int r = 1; r < a.prefill_runs; ++r) {
+      SequenceState scratch =
+          check(m.new_state({.ctx_size = context + 16, .kv_dtype = DType::kBF16, .max_rows = st.max_rows()}));
+      prefill_runs.push_back(prefill(scratch, false));
     }
+    prefill_runs.push_back(prefill(st, true));
+    prefill_s = median(prefill_runs);
   }
-  check(be.synchronize());
-  const double prefill_s = seconds(p0, Clock::now());
   // MTP cycles from a copy of the filled state, before the plain decode moves it on.
   nlohmann::json mtp;
   if (a.mtp_draft > 0) mtp = run_mtp_cell(a, m, sm, st, last.at(0), bandwidth);
@@ -381,6 +399,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
           {"fill", synthetic ? "synthetic" : "real"},
           {"prefill_tokens", synthetic ? 0 : context},
           {"prefill_seconds", synthetic ? nlohmann::json(nullptr) : nlohmann::json(prefill_s)},
+          {"prefill_runs_seconds", prefill_runs},
           {"fill_seconds", synthetic ? nlohmann::json(prefill_s) : nlohmann::json(nullptr)},
           {"prefill_tokens_per_second", synthetic ? nlohmann::json(nullptr) : nlohmann::json(prefill_tps)},
           {"decode_attention", attention},
@@ -539,6 +558,9 @@ void setup_bench(CLI::App& app) {
       cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step (prefill kernels)")
           ->check(CLI::Range(1, 16384))
           ->capture_default_str();
+  cmd->add_option("--prefill-runs", args->prefill_runs,
+                  "Prefills of each cell's prompt (--synth, --fill real); the median is reported")
+      ->check(CLI::Range(1, 20));
   cmd->add_option("--profile-steps", args->profile_steps,
                   "Eager one-row steps timed op by op (CUDA, --synth)")
       ->check(CLI::Range(0, 64));

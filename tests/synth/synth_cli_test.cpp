@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -317,6 +319,29 @@ TEST(BenchSynth, MtpCyclesWithAScriptedAcceptance) {
       run("bench --synth tiny --backend cpu --contexts 64 --tokens 48 --mtp-draft 1 --accept-mean 2.5");
   EXPECT_NE(mean.rc, 0);
   EXPECT_NE(mean.out.find("tokens per cycle must be in 1..2"), std::string::npos) << mean.out;
+}
+
+// bench --synth --prefill-runs N: N prefills of each cell's prompt, the median reported; the extra ones go
+// into scratch states, so the cell decodes what a single prefill gives.
+TEST(BenchSynth, PrefillRunsReportTheirMedian) {
+  TempDir dir("prefill-runs");
+  const std::string one = dir / "one.json", three = dir / "three.json";
+  const std::string cmd = "bench --synth tiny --backend cpu --threads 1 --contexts 64 --tokens 6 --json ";
+  ASSERT_EQ(run(cmd + one).rc, 0);
+  const CliRun b = run(cmd + three + " --prefill-runs 3");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  const json c1 = read_json(one)["cells"][0], c3 = read_json(three)["cells"][0];
+  ASSERT_EQ(c1["prefill_runs_seconds"].size(), 1u);
+  ASSERT_EQ(c3["prefill_runs_seconds"].size(), 3u);
+  std::vector<double> t;
+  for (const json& r : c3["prefill_runs_seconds"]) t.push_back(r.get<double>());
+  std::sort(t.begin(), t.end());
+  EXPECT_GT(t[0], 0.0);
+  EXPECT_EQ(c3["prefill_seconds"].get<double>(), t[1]);
+  EXPECT_DOUBLE_EQ(c3["prefill_tokens_per_second"].get<double>(), 64 / t[1]);
+  ASSERT_FALSE(c1["first_tokens"].empty());
+  EXPECT_EQ(c3["first_tokens"], c1["first_tokens"]);
+  EXPECT_NE(run(cmd + three + " --prefill-runs 0").rc, 0);
 }
 
 TEST(BenchModel, ReadWeightsThroughTheUploadReader) {
