@@ -213,6 +213,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
     const auto p0 = Clock::now();
     check(fill_synthetic(be, st, context, sm.seed + static_cast<uint64_t>(context)));
     last = {prompt.back()};
+    check(be.synchronize());
     prefill_s = seconds(p0, Clock::now());
   } else {
     for (int r = 1; r < a.prefill_runs; ++r) {
