@@ -183,7 +183,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
   std::vector<int32_t> last;
   // One prefill of the prompt into `s`, timed to the device's end; `mark`: its last chunk is marked for
   // kernel-level profilers (compare.sh PD_NCU_PREFILL).
-  auto prefill = [&](SequenceState& s, bool mark) {
+  auto prefill = [&](SequenceState& s, [[maybe_unused]] bool mark) {
     const auto p0 = Clock::now();
     const int chunk = m.max_rows();
     for (int begin = 0; begin < context; begin += chunk) {
