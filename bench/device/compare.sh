@@ -204,11 +204,12 @@ done
 # PD_NCU_PREFILL="bf16 ...": the kernels of the last prefill chunk (PD_PREFILL_CONTEXT tokens, default 2k, in
 # one chunk of up to 2048 rows) of the candidate, summed per kernel.
 for q in ${PD_NCU_PREFILL:-}; do
+  prefill_cell=(--synth qwen3.5-35b-a3b --quant "$q" --contexts "${PD_PREFILL_CONTEXT:-2k}" --tokens 2
+    --verify-iters 1 --profile-steps 0)
   ncu --clock-control none --cache-control none --nvtx --nvtx-include pd_prefill_chunk/ \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
     --log-file "$det/ncu_prefill_$q.csv" env LD_LIBRARY_PATH=$root/build/cand/lib build/cand/bin/puredrive_device bench \
-    --synth qwen3.5-35b-a3b --quant "$q" --contexts "${PD_PREFILL_CONTEXT:-2k}" --tokens 2 --verify-iters 1 \
-    --profile-steps 0 >/dev/null 2>&1
+    "${prefill_cell[@]}" >/dev/null 2>&1
   python3 bench/device/ncu_summary.py "$det/ncu_prefill_$q.csv" "$q prefill chunk" | tee -a "$out/summary.txt"
   python3 bench/device/ncu_summary.py "$det/ncu_prefill_$q.csv" "$q prefill chunk, per kernel instance" --shapes \
     | tee -a "$out/summary.txt"
@@ -219,8 +220,7 @@ for q in ${PD_NCU_PREFILL:-}; do
       ${PD_NCU_SECTIONS:---section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section MemoryWorkloadAnalysis --section SchedulerStats --section ComputeWorkloadAnalysis} \
       --log-file "$out/ncu_prefill_detail_$q.txt" env LD_LIBRARY_PATH=$root/build/cand/lib \
-      build/cand/bin/puredrive_device bench --synth qwen3.5-35b-a3b --quant "$q" \
-      --contexts "${PD_PREFILL_CONTEXT:-2k}" --tokens 2 --verify-iters 1 --profile-steps 0 >/dev/null 2>&1
+      build/cand/bin/puredrive_device bench "${prefill_cell[@]}" >/dev/null 2>&1
   fi
 done
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$out/summary.txt"

@@ -588,11 +588,8 @@ void launch_segment(const GdnLaunch& g, int r0, int seg_rows, int first_len, int
   // 16 columns per block: 256 blocks for 32 value heads of 128 columns. Alone under ncu, 32 columns (128
   // blocks) finish sooner (263 against 275 us at the 35B shape), but in the step they prefilled an 8K prompt
   // at 13.86K tok/s against 14.48K (same run, bench/results/2026-12-04-h200-7481c48-prefill.md).
-  // PD_GDN_STATE_COLS32=1: 32, for same-run comparisons; the sums are the same either way.
-  static const bool narrow = [] {
-    const char* v = std::getenv("PD_GDN_STATE_COLS32");
-    return v == nullptr || v[0] != '1';
-  }();
+  // PD_GDN_STATE_COLS16=0: 32, for same-run comparisons; the sums are the same either way.
+  static const bool narrow = env_switch_on("PD_GDN_STATE_COLS16");
   if (narrow) {
     launch_pdl(gdn_prefill_state_kernel<DK, 16>, dim3(g.num_v_heads, grid_for(g.v_head_dim, 16)),
                dim3(kThreads), state_smem_floats(DK, 16) * sizeof(float), stream, g, seg_rows, first_len,
