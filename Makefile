@@ -12,9 +12,10 @@ deps:
 	@scripts/install-deps.sh
 
 # Without a GPU the CUDA code is compiled to PTX only: the compiler checks it and nothing here can run it, and
-# ptxas (sm_90 code) was most of CI's CUDA compile (moe_stream.cu 227 -> 37 s). With a GPU: sm_90 code + PTX.
+# ptxas (sm_90 code) was most of CI's CUDA compile (moe_stream.cu 227 -> 37 s). With a GPU: sm_90a code + PTX
+# (90a: Hopper's wgmma and TMA, gemm_tma.cu; set CMAKE_CUDA_ARCHITECTURES for other GPUs).
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-CUDA_ARCH := $(if $(HAVE_GPU),90,90-virtual)
+CUDA_ARCH := $(if $(HAVE_GPU),90a,90a-virtual)
 
 configure: deps
 	@cmake --preset $(PRESET) --no-warn-unused-cli -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) > /dev/null

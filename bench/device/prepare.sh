@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the CUDA binaries HERE (nvcc 13.0, sm_90, Release, CUDA runtime linked statically) and stages them,
+# Builds the CUDA binaries HERE (nvcc 13.0, sm_90a, Release, CUDA runtime linked statically) and stages them,
 # with the non-system shared libraries they load, in build/device-bundle/ (ignored by git), because the GPU
 # machine has none of our -dev packages and no network. Then, on the GPU machine (device tool):
 #   run(command="bash bench/device/run.sh", carry=["build/device-bundle"], timeout_s=420)
@@ -24,9 +24,9 @@ targets=(puredrive_device cuda_ops_tests cuda_model_tests cuda_sampling_tests cu
 # PD_WERROR=OFF: GCC 12 at -O3 raises a false -Wrestrict in code outside the CUDA path (chat/jinja); the CUDA
 # library keeps nvcc's -Werror=all-warnings.
 # PD_CUDA_SHARED: the kernels live once in libpd_backend_cuda.so instead of in every binary (the bundle must
-# fit the device tool's 64 MiB with the working tree). 90-real: SASS for the H200 only, no PTX (which was
-# most of the library's size).
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
+# fit the device tool's 64 MiB with the working tree). 90a-real: SASS for the H200 only, no PTX (which was
+# most of the library's size); 90a: Hopper's wgmma and TMA (gemm_tma.cu).
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
   -DPD_WERROR=OFF -DPD_CUDA_SHARED=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DPD_KERNEL_TRACE=$trace >/dev/null
 cmake --build "$build" --target "${targets[@]}" -j"${JOBS:-2}"
 

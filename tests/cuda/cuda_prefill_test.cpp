@@ -204,6 +204,109 @@ TEST_F(CudaPrefill, MatmulsEqualMatmulPerTarget) {
   }
 }
 
+// With PD_MMA_TMA=1, Hopper builds (sm_90a) run the bf16 products of matmul and matmuls on wgmma
+// (gemm_tma.cu); the mma.sync kernel agrees to rounding, and both with a double product: one to four parts,
+// activation rows and weight rows cutting the 128 x 256 tiles short, columns ending inside a 64-column stage,
+// overwrite and add. Two runs give the same bits.
+TEST_F(CudaPrefill, TmaProductsAgreeWithMmaSync) {
+  if (!cuda::mma_tma_available()) {
+    GTEST_SKIP() << "PD_MMA_TMA=1 unset, or not an sm_90a build on a compute capability 9.0 device";
+  }
+  const std::vector<int64_t> widths = {1100, 37, 1, 300};
+  auto device_copy = [](const void* host, size_t bytes) {
+    void* d = nullptr;
+    EXPECT_EQ(cudaMalloc(&d, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+  };
+  std::vector<void*> owned;
+  for (const int64_t K : {40, 264, 2048}) {
+    std::vector<std::unique_ptr<test::OwnedMatrix>> ws;
+    std::vector<cuda::DevMatrix> dm;
+    for (const int64_t n : widths) {
+      ws.push_back(test::make_matrix(rng_, n, K, WeightFormat::kBF16));
+      cuda::DevMatrix m;
+      m.fmt = cuda::WFmt::kBF16;
+      m.rows = n;
+      m.cols = K;
+      m.data = device_copy(ws.back()->data.data(), static_cast<size_t>(n * K * 2));
+      owned.push_back(const_cast<void*>(m.data));
+      dm.push_back(m);
+    }
+    for (const int parts : {1, 4}) {
+      for (const int R : {1, 130, 300}) {
+        if (cudatest::quick() && R == 300) continue;
+        for (const bool add : {false, true}) {
+          SCOPED_TRACE(fmt::format("K={} parts={} R={} add={}", K, parts, R, add));
+          const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
+          void* xd = device_copy(x.data(), x.size() * 4);
+          owned.push_back(xd);
+          std::vector<std::vector<float>> init(static_cast<size_t>(parts));
+          std::vector<void*> out_tma, out_mma;
+          cuda::MmaJob j;
+          j.parts = parts;
+          j.accumulate = add;
+          j.tile_cols = cuda::mma_tile_cols(dm[0], nullptr);
+          for (int i = 0; i < parts; ++i) {
+            init[i] = test::random_vector(rng_, static_cast<size_t>(R * widths[i]));
+            out_tma.push_back(device_copy(init[i].data(), init[i].size() * 4));
+            out_mma.push_back(device_copy(init[i].data(), init[i].size() * 4));
+            owned.push_back(out_tma.back());
+            owned.push_back(out_mma.back());
+            cuda::MmaPart& p = j.part[i];
+            p.w = dm[i];
+            p.x = static_cast<const float*>(xd);
+            p.xs = K;
+            p.rows = R;
+            p.os = widths[i];
+            p.n_tiles_end = (i == 0 ? 0 : j.part[i - 1].n_tiles_end) +
+                            static_cast<int>((widths[i] + j.tile_cols - 1) / j.tile_cols);
+          }
+          ASSERT_TRUE(cuda::mma_tma_takes(j));
+          void* scratch = nullptr;
+          ASSERT_EQ(cudaMalloc(&scratch, static_cast<size_t>(cuda::mma_tma_scratch_bytes(j))), cudaSuccess);
+          owned.push_back(scratch);
+          auto run = [&](const std::vector<void*>& outs, bool tma) {
+            for (int i = 0; i < parts; ++i) j.part[i].out = static_cast<float*>(outs[i]);
+            if (tma) {
+              cuda::launch_mma_tma(j, scratch, nullptr);
+            } else {
+              cuda::launch_mma(j, (R + cuda::kMmaRows - 1) / cuda::kMmaRows, nullptr);
+            }
+            EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          };
+          auto fetch = [&](const std::vector<void*>& outs) {
+            std::vector<std::vector<float>> v;
+            for (int i = 0; i < parts; ++i) {
+              v.emplace_back(init[i].size());
+              EXPECT_EQ(cudaMemcpy(v[i].data(), outs[i], v[i].size() * 4, cudaMemcpyDeviceToHost),
+                        cudaSuccess);
+            }
+            return v;
+          };
+          run(out_tma, true);
+          run(out_mma, false);
+          const std::vector<std::vector<float>> tma = fetch(out_tma), mma = fetch(out_mma);
+          for (int i = 0; i < parts; ++i) {
+            EXPECT_LE(rel_err(tma[i], mma[i]), kMmaTolerance) << "part " << i << " vs mma.sync";
+            EXPECT_LE(test::rel_err(tma[i], double_product(x, *ws[i], R, K, widths[i],
+                                                           add ? init[i] : std::vector<float>{})),
+                      kMmaTolerance)
+                << "part " << i << " vs double reference";
+          }
+          if (!add) {  // a second run overwrites with the same bits
+            run(out_tma, true);
+            const std::vector<std::vector<float>> again = fetch(out_tma);
+            for (int i = 0; i < parts; ++i)
+              EXPECT_TRUE(same_bits(again[i], tma[i])) << "part " << i << " rerun";
+          }
+        }
+      }
+    }
+  }
+  for (void* p : owned) cudaFree(p);
+}
+
 // The tiled CUDA-core kernels the tensor cores replaced stay available as a reference
 // (set_cuda_reference_prefill): both agree within the tensor cores' tolerance.
 TEST_F(CudaPrefill, ReferencePathAgrees) {
@@ -354,8 +457,8 @@ TEST_F(CudaPrefill, GroupedMoeMatchesCpuAndIsChunkInvariant) {
   }
 }
 
-// A recorded prefill step (one CUDA graph: products, the grouped MoE with its sort) gives the bits of eager
-// execution, also when replayed.
+// A recorded prefill step (one CUDA graph: products, the grouped MoE with its sort, a bf16 product added into
+// the output) gives the bits of eager execution, also when replayed.
 TEST_F(CudaPrefill, RecordedStepMatchesEager) {
   const int R = 100;
   const int64_t H = 128;
@@ -364,6 +467,8 @@ TEST_F(CudaPrefill, RecordedStepMatchesEager) {
   const MoeId mg = gpu_->bind_moe(f.w, {.num_experts_per_tok = 4, .norm_topk_prob = true}).value();
   auto w = test::make_matrix(rng_, H, H, WeightFormat::kAffine, 6, 64);
   const MatrixId wg = gpu_->bind_matrix(w->m).value();
+  auto wb = test::make_matrix(rng_, H, H, WeightFormat::kBF16);  // gemm_tma.cu on Hopper builds
+  const MatrixId wbg = gpu_->bind_matrix(wb->m).value();
   Buffer x = gpu_->alloc(DType::kF32, R, H).value(), y = gpu_->alloc(DType::kF32, R, H).value();
   Buffer out = gpu_->alloc(DType::kF32, R, H).value();
   auto step = [&](const std::vector<float>& host, bool record) {
@@ -373,6 +478,9 @@ TEST_F(CudaPrefill, RecordedStepMatchesEager) {
     EXPECT_TRUE(gpu_->upload(x.tensor(), host.data()).is_ok());
     EXPECT_TRUE(gpu_->matmul({.w = wg, .x = x.tensor(), .out = y.tensor(), .prefill = true}).is_ok());
     EXPECT_TRUE(gpu_->moe({.moe = mg, .x = y.tensor(), .out = out.tensor(), .prefill = true}).is_ok());
+    EXPECT_TRUE(
+        gpu_->matmul({.w = wbg, .x = y.tensor(), .out = out.tensor(), .accum = Accum::kAdd, .prefill = true})
+            .is_ok());
     if (record) {
       EXPECT_TRUE(gpu_->end_step().is_ok());
     }

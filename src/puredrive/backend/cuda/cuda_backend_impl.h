@@ -197,6 +197,8 @@ class CudaBackend final : public Backend {
   // Runs fn now, or records it when a step is being recorded. kind (and rows x cols of a weight) label the op
   // in the profile.
   void submit(Launch fn, const char* kind, int64_t rows = 0, int64_t cols = 0);
+  // A prefill product job on the kernel that takes it (cuda::mma_tma_takes, else launch_mma).
+  Status submit_mma(const cuda::MmaJob& j, const char* what, int64_t rows, int64_t cols);
 
  public:
   void set_reference_prefill(bool on);
@@ -258,7 +260,7 @@ class CudaBackend final : public Backend {
   std::atomic<int64_t> bound_bytes_{0};  // read by load-progress reports from another thread
 
   static constexpr int kWideArgmax = 16384;  // columns from which argmax spreads a row over many blocks
-  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_, sample_scratch_;
+  Scratch attn_scratch_, gdn_scratch_, moe_scratch_, argmax_scratch_, sample_scratch_, mma_scratch_;
   unsigned long long* experts_read_ = nullptr;  // distinct experts read by decode MoE chunks, ever
   int* router_ticket_ = nullptr;                // MoeLaunch::router_ticket
   std::vector<void*> retired_device_;

@@ -108,6 +108,17 @@ Status CudaBackend::add(const AddArgs& a) {
   return take_error_if_eager();
 }
 
+Status CudaBackend::submit_mma(const cuda::MmaJob& j, const char* what, int64_t rows, int64_t cols) {
+  if (cuda::mma_tma_takes(j)) {
+    PD_ASSIGN_OR_RETURN(void* scr, scratch(mma_scratch_, cuda::mma_tma_scratch_bytes(j)));
+    submit([j, scr](cudaStream_t s) { cuda::launch_mma_tma(j, scr, s); }, what, rows, cols);
+  } else {
+    const int tiles = mma_row_tiles(j.part[0].rows);
+    submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, what, rows, cols);
+  }
+  return take_error_if_eager();
+}
+
 Status CudaBackend::matmul(const MatmulArgs& a) {
   PD_ASSIGN_OR_RETURN(const DevMatrix* w, matrix("matmul", a.w));
   PD_TRY(validate_product(Device::kCuda, "matmul", a.x, a.out, w->rows, w->cols));
@@ -125,9 +136,7 @@ Status CudaBackend::matmul(const MatmulArgs& a) {
     j.part[0] = mma_part(m, a.x, a.out, 0, j.tile_cols);
     j.parts = 1;
     j.accumulate = a.accum == Accum::kAdd;
-    const int tiles = mma_row_tiles(a.x.rows);
-    submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmul prefill", m.rows, m.cols);
-    return take_error_if_eager();
+    return submit_mma(j, "matmul prefill", m.rows, m.cols);
   }
   submit(
       [m, a](cudaStream_t s) {
@@ -212,10 +221,7 @@ Status CudaBackend::matmuls(const MatmulsArgs& a) {
           mma_part(g.m[i], a.x, a.targets[i].out, i == 0 ? 0 : j.part[i - 1].n_tiles_end, j.tile_cols);
     }
     j.parts = static_cast<int>(count);
-    const int tiles = mma_row_tiles(a.x.rows);
-    submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, "matmuls prefill", end,
-           g.m[0].cols);
-    return take_error_if_eager();
+    return submit_mma(j, "matmuls prefill", end, g.m[0].cols);
   }
   const float* x = static_cast<const float*>(a.x.data);
   const int64_t xs = a.x.stride;
