@@ -263,15 +263,17 @@ TEST_F(CudaPrefill, TmaProductsAgreeWithMmaSync) {
                             static_cast<int>((widths[i] + j.tile_cols - 1) / j.tile_cols);
           }
           ASSERT_TRUE(cuda::mma_tma_takes(j));
+          const int tiles = (R + cuda::kMmaRows - 1) / cuda::kMmaRows;
           void* scratch = nullptr;
-          ASSERT_EQ(cudaMalloc(&scratch, static_cast<size_t>(cuda::mma_tma_scratch_bytes(j))), cudaSuccess);
+          ASSERT_EQ(cudaMalloc(&scratch, static_cast<size_t>(cuda::mma_tma_scratch_bytes(j, tiles))),
+                    cudaSuccess);
           owned.push_back(scratch);
           auto run = [&](const std::vector<void*>& outs, bool tma) {
             for (int i = 0; i < parts; ++i) j.part[i].out = static_cast<float*>(outs[i]);
             if (tma) {
-              cuda::launch_mma_tma(j, scratch, nullptr);
+              cuda::launch_mma_tma(j, tiles, scratch, nullptr);
             } else {
-              cuda::launch_mma(j, (R + cuda::kMmaRows - 1) / cuda::kMmaRows, nullptr);
+              cuda::launch_mma(j, tiles, nullptr);
             }
             EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           };

@@ -109,11 +109,11 @@ Status CudaBackend::add(const AddArgs& a) {
 }
 
 Status CudaBackend::submit_mma(const cuda::MmaJob& j, const char* what, int64_t rows, int64_t cols) {
+  const int tiles = mma_row_tiles(j.part[0].rows);
   if (cuda::mma_tma_takes(j)) {
-    PD_ASSIGN_OR_RETURN(void* scr, scratch(mma_scratch_, cuda::mma_tma_scratch_bytes(j)));
-    submit([j, scr](cudaStream_t s) { cuda::launch_mma_tma(j, scr, s); }, what, rows, cols);
+    PD_ASSIGN_OR_RETURN(void* scr, scratch(mma_scratch_, cuda::mma_tma_scratch_bytes(j, tiles)));
+    submit([j, tiles, scr](cudaStream_t s) { cuda::launch_mma_tma(j, tiles, scr, s); }, what, rows, cols);
   } else {
-    const int tiles = mma_row_tiles(j.part[0].rows);
     submit([j, tiles](cudaStream_t s) { cuda::launch_mma(j, tiles, s); }, what, rows, cols);
   }
   return take_error_if_eager();

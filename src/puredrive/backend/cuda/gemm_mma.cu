@@ -543,6 +543,7 @@ void init_mma_kernels() {
   opt_in<static_cast<int>(WFmt::kBF16), 0, false, true>();
   opt_in<static_cast<int>(WFmt::kBF16), 0, true, true>();
   opt_in<kAnyFmt, 0, true, false>();
+  mma_tma_available();  // its shared-memory opt-in too, before any step is recorded
 }
 
 void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream) {

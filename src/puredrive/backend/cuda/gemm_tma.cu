@@ -17,9 +17,13 @@
 #include <cstdlib>
 
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/moe_partition.h"
+#include "puredrive/backend/cuda/tma_wgmma.cuh"
 
 namespace pd::cuda {
 namespace {
+
+using namespace tma;
 
 constexpr int kRows = 128;  // activation rows per block (two consumer warpgroups of 64)
 constexpr int kCols = 256;  // weight rows per block: the instruction's N
@@ -45,72 +49,56 @@ struct TmaJob {                 // 64-byte aligned, as CUtensorMap is
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format") for a K-major tile whose 128-byte
-// rows the copy engine swizzled: 8-row groups 1024 bytes apart; the start address moves 32 bytes per k16.
-__device__ __forceinline__ uint64_t tile_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
+// The block's part (grid y runs over the parts' weight-row tiles) and its tile within the part.
+__device__ __forceinline__ void block_part(const int* n_tiles_end, int parts, int* p, int* nt) {
+  int q = 0;
+  while (q + 1 < parts && static_cast<int>(blockIdx.y) >= n_tiles_end[q]) ++q;
+  *p = q;
+  *nt = static_cast<int>(blockIdx.y) - (q == 0 ? 0 : n_tiles_end[q - 1]);
 }
 
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
-        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
-        "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),
-        "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]),
-        "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),
-        "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]),
-        "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
-        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a), "l"(b), "r"(1));
+// Thread 0 sets up the ring's barriers: a full barrier per stage (the producer's arrival with the copies'
+// bytes), an empty one (one arrival per consumer warp). The block barrier that follows publishes them.
+__device__ __forceinline__ void init_stages(uint64_t* full, uint64_t* empty, int stages) {
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < stages; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], 8);
+  }
+  mbar_init_fence();
 }
 
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving reads of the accumulators above a wait.
-__device__ __forceinline__ void fence_registers(float (&d)[128]) {
+// A consumer warpgroup's products over k_tiles stages of the ring (stage s at smem + s * kStageBytesT; a_hi,
+// a_lo and b: byte offsets of its activation tiles and weight rows in a stage): per k16 step hi then lo times
+// the weights into one accumulator, then the stage goes back to the producer. Waiting for a stage's products
+// only after issuing the next stage's (wait_group 1) makes ptxas serialise them (C7515); the other
+// warpgroup's products fill the gap.
+template <int kStagesT, uint32_t kStageBytesT, int N>
+__device__ __forceinline__ void multiply(float (&acc)[N], const uint8_t* smem, uint64_t* full,
+                                         uint64_t* empty, int k_tiles, uint32_t a_hi, uint32_t a_lo,
+                                         uint32_t b) {
+  static_assert(N == 64 || N == 128, "m64n128k16 or m64n256k16 accumulators");
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % kStagesT;
+    wait_stage(&full[s], static_cast<uint32_t>((kt / kStagesT) & 1));
+    const uint32_t base = smem_addr(smem + s * kStageBytesT);
+    wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int k, int row, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
-      "[%2];\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row)
-      : "memory");
+    for (int kk = 0; kk < kK / 16; ++kk) {
+      const uint64_t w = tile_desc(base + b + 32 * kk);
+      if constexpr (N == 128) {
+        wgmma_m64n256k16(acc, tile_desc(base + a_hi + 32 * kk), w);
+        wgmma_m64n256k16(acc, tile_desc(base + a_lo + 32 * kk), w);
+      } else {
+        wgmma_m64n128k16(acc, tile_desc(base + a_hi + 32 * kk), w);
+        wgmma_m64n128k16(acc, tile_desc(base + a_lo + 32 * kk), w);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[s]);
+  }
+  fence_registers(acc);
 }
 #endif
 
@@ -120,18 +108,11 @@ __global__ void __launch_bounds__(kThreads, 1) tma_mma_kernel(const __grid_const
   uint8_t* const smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* const empty = full + kStages;
-  int p = 0;
-  while (p + 1 < j.parts && static_cast<int>(blockIdx.y) >= j.n_tiles_end[p]) ++p;
-  const int nt = static_cast<int>(blockIdx.y) - (p == 0 ? 0 : j.n_tiles_end[p - 1]);
+  int p = 0, nt = 0;
+  block_part(j.n_tiles_end, j.parts, &p, &nt);
   const int m0 = static_cast<int>(blockIdx.x) * kRows;
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);  // one arrival per consumer warp
-    }
-    mbar_init_fence();
-  }
+  init_stages(full, empty, kStages);
   __syncthreads();
   pdl_wait();  // the split activations
 
@@ -139,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) tma_mma_kernel(const __grid_const
     if (tid == 0) {
       for (int kt = 0; kt < j.k_tiles; ++kt) {
         const int s = kt % kStages;
-        if (kt >= kStages) mbar_wait(&empty[s], static_cast<uint32_t>((kt / kStages - 1) & 1));
+        if (kt >= kStages) wait_stage(&empty[s], static_cast<uint32_t>((kt / kStages - 1) & 1));
         uint8_t* const stage = smem + s * kStageBytes;
         mbar_expect(&full[s], kStageBytes);
         tma_load(stage, &j.hi, kt * kK, m0, &full[s]);
@@ -155,24 +136,8 @@ __global__ void __launch_bounds__(kThreads, 1) tma_mma_kernel(const __grid_const
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-  for (int kt = 0; kt < j.k_tiles; ++kt) {
-    const int s = kt % kStages;
-    mbar_wait(&full[s], static_cast<uint32_t>((kt / kStages) & 1));
-    const uint32_t stage = smem_addr(smem + s * kStageBytes);
-    const uint32_t a_hi = stage + wg * (kATile / 2), a_lo = a_hi + kATile, b = stage + 2 * kATile;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kK / 16; ++kk) {
-      wgmma_m64n256k16(acc, tile_desc(a_hi + 32 * kk), tile_desc(b + 32 * kk));
-      wgmma_m64n256k16(acc, tile_desc(a_lo + 32 * kk), tile_desc(b + 32 * kk));
-    }
-    wgmma_commit();
-    // Waiting for the stage before this one instead (wait_group 1) makes ptxas serialise the products
-    // (C7515); the other warpgroup's products fill the gap.
-    wgmma_wait<0>();
-    if ((tid & 31) == 0) mbar_arrive(&empty[s]);
-  }
-  fence_registers(acc);
+  multiply<kStages, kStageBytes>(acc, smem, full, empty, j.k_tiles, wg * (kATile / 2),
+                                 wg * (kATile / 2) + kATile, 2 * kATile);
   pdl_launch_dependents();
 
   // Accumulator 4 i + e of a thread (warp w of its warpgroup, lane = 4 g + t): row 16 w + g (+ 8 for e >= 2),
@@ -212,6 +177,157 @@ __global__ void split_rows_kernel(const float* x, int64_t xs, int rows, int64_t 
   *reinterpret_cast<uint2*>(lo + r * K + k) = l;
 }
 
+// The MoE products (grouped experts, gate/up pairs): blocks of kGRows activation rows (one 64-row tile of an
+// expert's entries, or of a plain part's rows) x 256 weight rows, the two consumer warpgroups each on 128 of
+// them (m64n128k16) over the same activation tile. A gate/up pair's block covers 128 outputs: warpgroup w's
+// 128 weight rows are gate rows 64 w .. 64 w + 63 then the same up rows, so a thread holds the gate and up
+// sums of its outputs (accumulators 4 i + e and 4 (i + 8) + e). A grouped part's activations were gathered
+// into its tiles' rows first (gather_split_kernel), so the copy engine reads a tile as one box.
+constexpr int kGRows = 64;
+constexpr int kGStages = 4;
+constexpr uint32_t kGATile = kGRows * kK * 2;
+constexpr uint32_t kGBox = 64 * kK * 2;  // 64 weight rows
+constexpr uint32_t kGStageBytes = 2 * kGATile + 4 * kGBox;
+constexpr size_t kGSmem = kGStages * kGStageBytes + 2 * kGStages * 8 + 1024;
+constexpr int kMoeParts = 2;  // the routed experts' part and the shared expert's
+
+struct TmaMoeJob {                           // 64-byte aligned, as CUtensorMap is
+  CUtensorMap hi[kMoeParts], lo[kMoeParts];  // each part's activations (grouped: gathered)
+  CUtensorMap w[kMoeParts], w2[kMoeParts];   // [experts, N, K] (plain: one expert); w2: up of a pair
+  float* out[kMoeParts];
+  int64_t os[kMoeParts];
+  int64_t n[kMoeParts];  // rows of one expert's matrix
+  int n_tiles_end[kMoeParts];
+  int rows[kMoeParts];  // plain parts
+  bool grouped[kMoeParts];
+  const int* list;
+  int64_t list_stride;
+  const int* count;
+  const int* tile_start;
+  int experts;
+  int k_tiles[kMoeParts];  // the parts' columns may differ (the shared expert's width)
+  int parts;
+  bool dual;
+  bool accumulate;
+};
+
+__global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_constant__ TmaMoeJob j) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kGStages * kGStageBytes);
+  uint64_t* const empty = full + kGStages;
+  __shared__ int s_dst[kGRows];
+  int p = 0, nt = 0;
+  block_part(j.n_tiles_end, j.parts, &p, &nt);
+  const int t = static_cast<int>(blockIdx.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  init_stages(full, empty, kGStages);
+  pdl_wait();  // the activations, and a grouped part's lists
+  int expert = 0, first = 0, count = 0;
+  if (j.grouped[p]) {
+    if (t >= j.tile_start[j.experts]) return;  // uniform over the block
+    expert = expert_of_tile(j.tile_start, j.experts, t);
+    first = (t - j.tile_start[expert]) * kGRows;
+    count = min(kGRows, j.count[expert] - first);
+  } else {
+    first = t * kGRows;
+    if (first >= j.rows[p]) return;
+    count = min(kGRows, j.rows[p] - first);
+  }
+  if (tid < kGRows) {
+    s_dst[tid] = tid >= count   ? -1
+                 : j.grouped[p] ? j.list[static_cast<int64_t>(expert) * j.list_stride + first + tid]
+                                : first + tid;
+  }
+  __syncthreads();  // s_dst and the barriers
+
+  if (tid < 128) {
+    if (tid == 0) {
+      const int w0 = nt * (j.dual ? 128 : 256);  // of the expert's matrix (rows past it read as zeros)
+      for (int kt = 0; kt < j.k_tiles[p]; ++kt) {
+        const int s = kt % kGStages, k = kt * kK;
+        if (kt >= kGStages) wait_stage(&empty[s], static_cast<uint32_t>((kt / kGStages - 1) & 1));
+        uint8_t* const stage = smem + s * kGStageBytes;
+        uint8_t* const b = stage + 2 * kGATile;
+        mbar_expect(&full[s], kGStageBytes);
+        tma_load(stage, &j.hi[p], k, t * kGRows, &full[s]);
+        tma_load(stage + kGATile, &j.lo[p], k, t * kGRows, &full[s]);
+        for (int q = 0; q < 4; ++q) {
+          // A pair: gate 0-63, up 0-63, gate 64-127, up 64-127; else weight rows 64 q .. 64 q + 63.
+          const CUtensorMap* map = j.dual && (q & 1) != 0 ? &j.w2[p] : &j.w[p];
+          tma_load(b + q * kGBox, map, k, w0 + (j.dual ? 64 * (q >> 1) : 64 * q), expert, &full[s]);
+        }
+      }
+    }
+    pdl_launch_dependents();
+    return;
+  }
+
+  const int wg = tid / 128 - 1;  // consumer warpgroup: weight rows 128 wg .. 128 wg + 127 of the block's
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  multiply<kGStages, kGStageBytes>(acc, smem, full, empty, j.k_tiles[p], 0, kGATile,
+                                   2 * kGATile + wg * 2 * kGBox);
+  pdl_launch_dependents();
+
+  const int lane = tid & 31, warp = (tid >> 5) & 3;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int64_t N = j.n[p];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int d = s_dst[warp * 16 + g + half * 8];
+    if (d < 0) continue;
+    float* o = j.out[p] + static_cast<int64_t>(d) * j.os[p];
+    if (j.dual) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t f = static_cast<int64_t>(nt) * 128 + wg * 64 + 8 * i + 2 * t4 + e;
+          if (f < N) o[f] = siluf_(acc[4 * i + 2 * half + e]) * acc[4 * (i + 8) + 2 * half + e];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t n = static_cast<int64_t>(nt) * 256 + wg * 128 + 8 * i + 2 * t4 + e;
+          const float c = acc[4 * i + 2 * half + e];
+          if (n < N) o[n] = j.accumulate ? o[n] + c : c;
+        }
+      }
+    }
+  }
+#endif
+}
+
+// A grouped part's activations as bf16 hi and lo rows in its tiles' order: row 64 t + i holds entry i of tile
+// t (its source row list[...] / list_div), zeros past the expert's entries. A block per row.
+__global__ void gather_split_kernel(const float* x, int64_t xs, int64_t K, const int* list,
+                                    int64_t list_stride, const int* count, const int* tile_start, int experts,
+                                    int list_div, uint16_t* hi, uint16_t* lo) {
+  pdl_enter();
+  const int row = static_cast<int>(blockIdx.x), t = row / kGRows;
+  if (t >= tile_start[experts]) return;
+  const int e = expert_of_tile(tile_start, experts, t);
+  const int i = (t - tile_start[e]) * kGRows + row % kGRows;
+  const float* src =
+      i < count[e] ? x + static_cast<int64_t>(list[static_cast<int64_t>(e) * list_stride + i] / list_div) * xs
+                   : nullptr;
+  for (int64_t k = static_cast<int64_t>(threadIdx.x) * 4; k < K; k += static_cast<int64_t>(blockDim.x) * 4) {
+    uint2 h = make_uint2(0, 0), l = make_uint2(0, 0);
+    if (src != nullptr) {
+      split_pair(src[k], src[k + 1], &h.x, &l.x);
+      split_pair(src[k + 2], src[k + 3], &h.y, &l.y);
+    }
+    *reinterpret_cast<uint2*>(hi + row * K + k) = h;
+    *reinterpret_cast<uint2*>(lo + row * K + k) = l;
+  }
+}
+
 using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
 
 EncodeTiled encode_tiled() {
@@ -241,6 +357,21 @@ bool tile_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, in
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Stacked experts [experts, rows, cols] (data_stride bytes apart) read in boxes of 64 rows x kK of one
+// expert; rows past an expert's matrix read as zeros.
+bool tile_map_experts(CUtensorMap* map, const DevMatrix& w, int experts) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(w.cols), static_cast<cuuint64_t>(w.rows),
+                              static_cast<cuuint64_t>(experts)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(w.cols) * 2,
+                                 static_cast<cuuint64_t>(experts > 1 ? w.data_stride : w.rows * w.cols * 2)};
+  const cuuint32_t box[3] = {kK, 64, 1};
+  const cuuint32_t steps[3] = {1, 1, 1};
+  return encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(w.data), dims, strides,
+                        box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 bool device_has_wgmma() {
 #if defined(PD_CUDA_SM90A)
   static const bool ok = [] {
@@ -253,7 +384,9 @@ bool device_has_wgmma() {
     }
     return major == 9 && minor == 0 && encode_tiled() != nullptr &&
            cudaFuncSetAttribute(tma_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kSmem)) == cudaSuccess;
+                                static_cast<int>(kSmem)) == cudaSuccess &&
+           cudaFuncSetAttribute(tma_moe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kGSmem)) == cudaSuccess;
   }();
   return ok;
 #else
@@ -261,36 +394,53 @@ bool device_has_wgmma() {
 #endif
 }
 
-}  // namespace
-
-bool mma_tma_available() {
-  static const bool on = env_switch_set("PD_MMA_TMA");
-  return on && device_has_wgmma();
+// Weights the copy engine can read as they are: bf16, rows (and stacked experts) 16-byte aligned.
+bool tma_matrix(const DevMatrix& w, bool grouped) {
+  return w.fmt == WFmt::kBF16 && w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+         (!grouped || w.data_stride % 16 == 0);
 }
 
-bool mma_tma_takes(const MmaJob& j) {
-  if (j.dual || j.parts <= 0 || !mma_tma_available()) return false;
+// Plain bf16 parts on one activation input: the 128 x 256 kernel.
+bool dense_job(const MmaJob& j) {
+  if (j.dual) return false;
   const MmaPart& first = j.part[0];
   for (int i = 0; i < j.parts; ++i) {
     const MmaPart& p = j.part[i];
-    if (p.grouped || p.w.fmt != WFmt::kBF16 || p.w.cols != first.w.cols || p.x != first.x ||
-        p.xs != first.xs || p.rows != first.rows || reinterpret_cast<uintptr_t>(p.w.data) % 16 != 0 ||
-        p.w.cols % 8 != 0) {
+    if (p.grouped || !tma_matrix(p.w, false) || p.w.cols != first.w.cols || p.x != first.x ||
+        p.xs != first.xs || p.rows != first.rows) {
       return false;
     }
   }
   return true;
 }
 
-int64_t mma_tma_scratch_bytes(const MmaJob& j) {
-  return int64_t{4} * j.part[0].rows * j.part[0].w.cols;
+// Grouped experts and gate/up pairs, at most two parts: the 64-row kernel.
+bool moe_job(const MmaJob& j) {
+  if (j.parts > kMoeParts) return false;
+  for (int i = 0; i < j.parts; ++i) {
+    const MmaPart& p = j.part[i];
+    if (!tma_matrix(p.w, p.grouped) ||
+        (j.dual && (!tma_matrix(p.w2, p.grouped) || p.w2.rows != p.w.rows || p.w2.cols != p.w.cols))) {
+      return false;
+    }
+  }
+  return true;
 }
 
-void launch_mma_tma(const MmaJob& j, void* scratch, cudaStream_t stream) {
+// Activation rows a part's hi and lo arrays hold: a grouped part's gathered tiles, or its own rows.
+int64_t split_rows(const MmaPart& p, int m_tiles) {
+  return p.grouped ? int64_t{m_tiles} * kGRows : p.rows;
+}
+
+[[noreturn]] void encode_failed() {  // mma_tma_takes vouched for the shapes: only a failing driver gets here
+  std::fprintf(stderr, "puredrive: cuTensorMapEncodeTiled failed\n");
+  std::abort();
+}
+
+void launch_dense(const MmaJob& j, void* scratch, cudaStream_t stream) {
   const MmaPart& first = j.part[0];
   const int rows = first.rows;
   const int64_t K = first.w.cols;
-  if (rows <= 0) return;
   auto* hi = static_cast<uint16_t*>(scratch);
   uint16_t* lo = hi + static_cast<int64_t>(rows) * K;
   TmaJob t{};
@@ -305,10 +455,7 @@ void launch_mma_tma(const MmaJob& j, void* scratch, cudaStream_t stream) {
     tiles += static_cast<int>((p.w.rows + kCols - 1) / kCols);
     t.n_tiles_end[i] = tiles;
   }
-  if (!ok) {  // mma_tma_takes vouched for the shapes: only a failing driver gets here
-    std::fprintf(stderr, "puredrive: cuTensorMapEncodeTiled failed\n");
-    std::abort();
-  }
+  if (!ok) encode_failed();
   t.parts = j.parts;
   t.rows = rows;
   t.k_tiles = static_cast<int>((K + kK - 1) / kK);
@@ -319,6 +466,77 @@ void launch_mma_tma(const MmaJob& j, void* scratch, cudaStream_t stream) {
   launch_pdl(tma_mma_kernel,
              dim3(static_cast<unsigned>((rows + kRows - 1) / kRows), static_cast<unsigned>(tiles)),
              dim3(kThreads), kSmem, stream, t);
+}
+
+void launch_moe(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream) {
+  TmaMoeJob t{};
+  auto* at = static_cast<uint16_t*>(scratch);
+  bool ok = true;
+  int tiles = 0;
+  for (int i = 0; i < j.parts; ++i) {
+    const MmaPart& p = j.part[i];
+    const int64_t K = p.w.cols, rows = split_rows(p, m_tiles);
+    uint16_t* hi = at;
+    uint16_t* lo = hi + rows * K;
+    at = lo + rows * K;
+    ok = ok && tile_map(&t.hi[i], hi, rows, K, kGRows) && tile_map(&t.lo[i], lo, rows, K, kGRows) &&
+         tile_map_experts(&t.w[i], p.w, p.grouped ? j.experts : 1) &&
+         (!j.dual || tile_map_experts(&t.w2[i], p.w2, p.grouped ? j.experts : 1));
+    t.out[i] = p.out;
+    t.os[i] = p.os;
+    t.n[i] = p.w.rows;
+    tiles += static_cast<int>((p.w.rows + (j.dual ? 127 : 255)) / (j.dual ? 128 : 256));
+    t.n_tiles_end[i] = tiles;
+    t.rows[i] = p.rows;
+    t.grouped[i] = p.grouped;
+    t.k_tiles[i] = static_cast<int>((K + kK - 1) / kK);
+    if (p.grouped) {
+      launch_pdl(gather_split_kernel, dim3(static_cast<unsigned>(rows)), dim3(128), 0, stream, p.x, p.xs, K,
+                 j.list, j.list_stride, j.count, j.tile_start, j.experts, p.list_div, hi, lo);
+    } else if (p.rows > 0) {
+      const int64_t quads = int64_t{p.rows} * (K / 4);
+      launch_pdl(split_rows_kernel, dim3(static_cast<unsigned>((quads + 255) / 256)), dim3(256), 0, stream,
+                 p.x, p.xs, p.rows, K, hi, lo);
+    }
+  }
+  if (!ok) encode_failed();
+  t.list = j.list;
+  t.list_stride = j.list_stride;
+  t.count = j.count;
+  t.tile_start = j.tile_start;
+  t.experts = j.experts;
+  t.parts = j.parts;
+  t.dual = j.dual;
+  t.accumulate = j.accumulate;
+  launch_pdl(tma_moe_kernel, dim3(static_cast<unsigned>(m_tiles), static_cast<unsigned>(tiles)),
+             dim3(kThreads), kGSmem, stream, t);
+}
+
+}  // namespace
+
+bool mma_tma_available() {
+  static const bool on = env_switch_set("PD_MMA_TMA");
+  return on && device_has_wgmma();
+}
+
+bool mma_tma_takes(const MmaJob& j) {
+  return j.parts > 0 && mma_tma_available() && (dense_job(j) || moe_job(j));
+}
+
+int64_t mma_tma_scratch_bytes(const MmaJob& j, int m_tiles) {
+  if (dense_job(j)) return int64_t{4} * j.part[0].rows * j.part[0].w.cols;
+  int64_t bytes = 0;
+  for (int i = 0; i < j.parts; ++i) bytes += 4 * split_rows(j.part[i], m_tiles) * j.part[i].w.cols;
+  return bytes;
+}
+
+void launch_mma_tma(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream) {
+  if (j.parts <= 0 || m_tiles <= 0) return;
+  if (dense_job(j)) {
+    if (j.part[0].rows > 0) launch_dense(j, scratch, stream);
+  } else {
+    launch_moe(j, m_tiles, scratch, stream);
+  }
 }
 
 }  // namespace pd::cuda

@@ -136,17 +136,18 @@ inline int mma_tile_cols(const DevMatrix& w, const DevMatrix* w2) {
 void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream);
 // Opts the kernels into the shared memory they need; called once by the backend.
 void init_mma_kernels();
-// The same products on Hopper's wgmma fed by the tensor memory accelerator (gemm_tma.cu), for jobs whose
-// parts are plain bf16 matrices on one activation input (not dual, not grouped). Opt-in (PD_MMA_TMA=1) until
-// its tests have passed on the H200 (docs/DESIGN.md §8, 2026-12-04); then on wherever the build has sm_90a
-// code and the device is compute capability 9.0. The choice depends on the matrices alone, so a matrix's
-// prefill rows always come from one kernel (chunking invariance). Precision and order as above (hi*w, then
-// lo*w, per k16 step): the results agree with launch_mma's to rounding, not bitwise. scratch:
-// mma_tma_scratch_bytes, for the activations' bf16 hi and lo copies.
+// The same products on Hopper's wgmma fed by the tensor memory accelerator (gemm_tma.cu), for jobs of bf16
+// matrices: plain parts on one activation input, or (at most two parts) grouped experts and gate/up pairs.
+// Opt-in (PD_MMA_TMA=1) until its tests have passed on the H200 (docs/DESIGN.md §8, 2026-12-04); then on
+// wherever the build has sm_90a code and the device is compute capability 9.0. The choice depends on the
+// matrices alone, so a matrix's prefill rows always come from one kernel (chunking invariance). Precision and
+// order as above (hi*w, then lo*w, per k16 step): the results agree with launch_mma's to rounding, not
+// bitwise. m_tiles as for launch_mma; scratch: mma_tma_scratch_bytes, for the activations' bf16 hi and lo
+// copies (a grouped part's gathered into its row tiles).
 bool mma_tma_available();
 bool mma_tma_takes(const MmaJob& j);
-int64_t mma_tma_scratch_bytes(const MmaJob& j);
-void launch_mma_tma(const MmaJob& j, void* scratch, cudaStream_t stream);
+int64_t mma_tma_scratch_bytes(const MmaJob& j, int m_tiles);
+void launch_mma_tma(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream);
 
 // ---- Dense ops (ops_dense.cu) ----
 void launch_gemv(const DevMatrix& w, const float* x, int64_t x_stride, float* out, int64_t out_stride,

@@ -13,6 +13,8 @@
 // Grids are sized for the worst routing (max_moe_tiles) and blocks without a tile exit, so the launches do
 // not depend on the routing. Each expert's weights are read once per row tile of its entries, and a row's
 // result depends only on that row.
+#include <algorithm>
+
 #include "puredrive/backend/cuda/common.cuh"
 #include "puredrive/backend/cuda/moe_partition.h"
 #include "puredrive/backend/cuda/scratch_carver.h"
@@ -32,6 +34,7 @@ struct Grouped {
   float* sact;      // [R, Is]
   float* y;         // [R * K, H]
   float* ys;        // [R, H]
+  void* tma;        // the wgmma products' activation copies (mma_tma_scratch_bytes); null without them
 };
 
 Grouped carve(void* base, int R, int E, int K, int H, int I, int Is, int64_t* total) {
@@ -49,6 +52,13 @@ Grouped carve(void* base, int R, int E, int K, int H, int I, int Is, int64_t* to
   g.sact = c.take<float>(rows * Is);
   g.y = c.take<float>(entries * H);
   g.ys = c.take<float>(rows * H);
+  if (mma_tma_available()) {
+    // The larger of the two products' copies: every tile's rows of the routed experts' input and the
+    // shared expert's rows, bf16 hi and lo (4 bytes per activation).
+    const int64_t tiles = std::max(max_moe_tiles(R, K, E, kMmaRows), tiles_for_rows(R, kMmaRows));
+    const int64_t gathered = tiles * kMmaRows;
+    g.tma = c.take<uint8_t>(4 * std::max(gathered * H + rows * H, gathered * I + rows * Is));
+  }
   if (total != nullptr) *total = c.bytes();
   return g;
 }
@@ -108,6 +118,15 @@ __global__ void moe_tile_starts_kernel(const int* count, int E, int* tile_start)
   for (int w = 0; w < warp; ++w) before += warp_total[w];
   if (e < E) tile_start[e + 1] = before + incl;
   if (e == 0) tile_start[0] = 0;
+}
+
+// A product job on wgmma + TMA when that takes it (gemm_tma.cu), else on mma.sync.
+void launch_products(const MmaJob& j, int m_tiles, const Grouped& g, cudaStream_t stream) {
+  if (g.tma != nullptr && mma_tma_takes(j)) {
+    launch_mma_tma(j, m_tiles, g.tma, stream);
+  } else {
+    launch_mma(j, m_tiles, stream);
+  }
 }
 
 bool same_kind(const DevMatrix& a, const DevMatrix& b) {
@@ -188,13 +207,13 @@ void launch_moe_grouped(const MoeLaunch& m, cudaStream_t stream) {
   add_part(up, m.gate, &m.up, m.x, m.x_stride, g.act, m.inter, 0, true, K);
   if (same_kind(m.sh_gate, m.gate) && same_kind(m.sh_up, m.up)) {
     add_part(up, m.sh_gate, &m.sh_up, m.x, m.x_stride, g.sact, m.shared_inter, R, false, 1);
-    launch_mma(up, both_tiles, stream);
+    launch_products(up, both_tiles, g, stream);
   } else {
-    launch_mma(up, expert_tiles, stream);
+    launch_products(up, expert_tiles, g, stream);
     MmaJob su;
     su.dual = true;
     add_part(su, m.sh_gate, &m.sh_up, m.x, m.x_stride, g.sact, m.shared_inter, R, false, 1);
-    launch_mma(su, row_tiles, stream);
+    launch_products(su, row_tiles, g, stream);
   }
 
   // down, likewise.
@@ -202,12 +221,12 @@ void launch_moe_grouped(const MoeLaunch& m, cudaStream_t stream) {
   add_part(down, m.down, nullptr, g.act, m.inter, g.y, m.hidden, 0, true, 1);
   if (same_kind(m.sh_down, m.down)) {
     add_part(down, m.sh_down, nullptr, g.sact, m.shared_inter, g.ys, m.hidden, R, false, 1);
-    launch_mma(down, both_tiles, stream);
+    launch_products(down, both_tiles, g, stream);
   } else {
-    launch_mma(down, expert_tiles, stream);
+    launch_products(down, expert_tiles, g, stream);
     MmaJob sd;
     add_part(sd, m.sh_down, nullptr, g.sact, m.shared_inter, g.ys, m.hidden, R, false, 1);
-    launch_mma(sd, row_tiles, stream);
+    launch_products(sd, row_tiles, g, stream);
   }
 
   launch_moe_combine(m, R, g.y, g.wts, g.sg, g.ys, stream);
