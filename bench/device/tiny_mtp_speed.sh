@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tiny coder on the GPU (issue 15): decode tok/s of --no-mtp and --mtp-draft K for greedy and seeded
 # sampling over six code prompts, and whether the MTP text equals the plain text. Usage:
-#   bench/device/tiny_mtp_speed.sh PUREDRIVE_BIN [K] [N_TOKENS] [RUNS]   (PD_BACKEND: default cuda)
+#   bench/device/tiny_mtp_speed.sh PUREDRIVE_BIN [K] [N_TOKENS] [RUNS]   (PD_BACKEND: default cuda; PD_MTP_ARGS)
 # Prints one line per (mode, prompt) and a median summary; exits 1 when a text differs.
 set -uo pipefail
 bin=$1
@@ -27,7 +27,8 @@ for mode in greedy seeded; do
     p=$(printf '%b' "${prompts[$i]}")
     for draft in 0 "$k"; do
       mtp=(--no-mtp)
-      [ "$draft" != 0 ] && mtp=(--mtp-draft "$draft")
+      # PD_MTP_ARGS: more options for the MTP runs, e.g. "--mtp-adaptive off".
+      [ "$draft" != 0 ] && mtp=(--mtp-draft "$draft" ${PD_MTP_ARGS:-})
       best=0 text=
       for _ in $(seq "$runs"); do
         j=$("$bin" generate --model models/tiny-coder --backend "${PD_BACKEND:-cuda}" --prompt "$p" -n "$n" --ignore-eos \

@@ -40,6 +40,7 @@ struct BenchArgs {
   std::string note;
   // --model: the draft length of the MTP modes; --synth: 0 (no MTP cycles) unless given (bench_mtp.h).
   int mtp_draft = 2;
+  bool mtp_adaptive = true;    // --model: DecodeRequest::adaptive_draft of the MTP modes
   std::string accept_pattern;  // --synth: accepted drafts per cycle, cycled
   double accept_mean = 0;      // --synth: tokens per cycle of a deterministic pattern (0: 2.3, at most k + 1)
   int mtp_draft_vocab = 0;     // ModelOptions::mtp_draft_vocab

@@ -596,6 +596,7 @@ void setup_bench(CLI::App& app) {
          "--synth --mtp-draft: tokens per cycle of a deterministic pattern (default 2.3, at most k + 1)")
       ->check(CLI::Range(1.0, 16.0));
   add_draft_options(cmd, &args->mtp_draft_vocab, &args->mtp_window);
+  add_adaptive_option(cmd, &args->mtp_adaptive);
   cmd->add_option("--ctx-size", args->ctx_size,
                   "--model: the session's context (0: the model's, or the largest that fits)");
   cmd->add_option("--prompt-root", args->prompt_root,

@@ -308,6 +308,7 @@ void run_bench_model(const BenchArgs& a) {
        {{"mode", "ModelSession + Generator (as serve and generate); EOS ignored"},
         {"modes", a.modes},
         {"mtp_draft", a.mtp_draft},
+        {"mtp_adaptive", a.mtp_adaptive},
         {"decode_tokens", a.tokens},
         {"runs_per_cell", a.runs},
         {"prefill", "real prefill of the repository's source text, exact token counts"},
@@ -346,6 +347,7 @@ void run_bench_model(const BenchArgs& a) {
       warm.prompt.assign(ids.begin(), ids.begin() + std::min<size_t>(64, ids.size()));
       warm.max_tokens = 16;
       warm.num_draft = m.mtp ? a.mtp_draft : 0;
+      warm.adaptive_draft = a.mtp_adaptive;
       warm.sampling.temperature = 0.0f;
       bench_check(s->generator->generate(warm));
     }
@@ -362,6 +364,7 @@ void run_bench_model(const BenchArgs& a) {
         req.prompt.assign(ids.begin(), ids.begin() + c);
         req.max_tokens = a.tokens;
         req.num_draft = m.mtp ? a.mtp_draft : 0;
+        req.adaptive_draft = a.mtp_adaptive;
         // The prefill returns with its GPU work queued, and the first decode step waited for it: 141.5 tok/s
         // on the H200 (35B q8) where bench --synth gave 170.8 and the API 172.4. The wait is prefill time;
         // the CPU backend runs ops as they are called, so its times do not change.

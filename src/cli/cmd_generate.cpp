@@ -33,6 +33,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   float draft_temperature = 1;
   int mtp_draft = 2;
+  bool mtp_adaptive = true;
   int mtp_draft_vocab = 0, mtp_window = 0;
   bool no_mtp = false;
   std::string accept;
@@ -119,6 +120,7 @@ Expected<DecodeRequest> make_request(const GenerateArgs& a, const ModelSession& 
   r.keep_last_logits = !a.logits_out.empty();
   r.timing = a.stats;
   r.num_draft = a.no_mtp || !s.generator->has_drafter() ? 0 : a.mtp_draft;
+  r.adaptive_draft = a.mtp_adaptive;
   if (a.accept == "greedy") r.rule = AcceptRule::kGreedy;
   if (a.accept == "token") r.rule = AcceptRule::kTokenwise;
   if (a.accept == "block") r.rule = AcceptRule::kBlock;
@@ -236,6 +238,7 @@ void run_generate(const GenerateArgs& a) {
         {"finish_reason", finish},
         {"prompt_tokens", req.prompt.size()},
         {"mtp_draft", req.num_draft},
+        {"mtp_adaptive", req.adaptive_draft},
         {"accept_rule",
          accept_rule_name(req.rule.value_or(choose_accept_rule(req.sampling, req.block_verification)))},
         {"prefill_seconds", r.prefill_seconds},
@@ -289,6 +292,7 @@ void setup_generate(CLI::App& app) {
                                       "Temperature of the MTP drafts (draft side only; output unchanged)");
   cmd->add_option("--mtp-draft", a->mtp_draft, "MTP draft tokens per cycle, 0..4")->check(CLI::Range(0, 4));
   cmd->add_flag("--no-mtp", a->no_mtp, "Plain decoding, one token per step");
+  add_adaptive_option(cmd, &a->mtp_adaptive);
   add_draft_options(cmd, &a->mtp_draft_vocab, &a->mtp_window);
   cmd->add_option("--accept", a->accept,
                   "Acceptance rule (default: greedy at T=0, seeded with --seed, else block)")

@@ -41,6 +41,7 @@ struct ServeArgs {
   std::string model_alias;
   int ctx_size = 0;  // 0: from the model and the memory (ModelSession)
   int mtp_draft = 2;
+  bool mtp_adaptive = true;
   int mtp_draft_vocab = 0, mtp_window = 0;
   int prefill_chunk = kDefaultPrefillChunk;
   std::string prefix_cache = "on";
@@ -153,8 +154,10 @@ Served load_model(const ServeArgs& a) {
                           .mtp_draft = m.generator->has_drafter() ? a.mtp_draft : 0,
                           .backend = m.backend->name()};
   // The prompt builder keeps a copy of the tokenizer; the engine takes the session's.
-  s.engine =
-      std::make_unique<GeneratorEngine>(std::move(m.generator), std::move(*m.tokenizer), info, a.mtp_draft);
+  GeneratorEngineOptions engine_options;
+  engine_options.adaptive_draft = a.mtp_adaptive;
+  s.engine = std::make_unique<GeneratorEngine>(std::move(m.generator), std::move(*m.tokenizer), info,
+                                               a.mtp_draft, engine_options);
   return s;
 }
 
@@ -316,6 +319,7 @@ void setup_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--mtp-draft", args->mtp_draft, "MTP draft length k (0: no speculation)")
       ->capture_default_str();
+  add_adaptive_option(cmd, &args->mtp_adaptive);
   add_draft_options(cmd, &args->mtp_draft_vocab, &args->mtp_window);
   cmd->add_option(
          "--prefill-chunk", args->prefill_chunk,

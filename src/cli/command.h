@@ -25,4 +25,12 @@ inline void add_draft_options(CLI::App* cmd, int* draft_vocab, int* window) {
       ->check(CLI::Range(0, 1 << 24));
 }
 
+// --mtp-adaptive (DecodeRequest::adaptive_draft), for generate, serve and bench --model.
+inline void add_adaptive_option(CLI::App* cmd, bool* adaptive) {
+  cmd->add_option("--mtp-adaptive", *adaptive,
+                  "on: draft 0..--mtp-draft tokens per step, as the request's acceptance and step times say "
+                  "pays best; off: always --mtp-draft (the same output either way)")
+      ->capture_default_str();
+}
+
 }  // namespace pd::cli

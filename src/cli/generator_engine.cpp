@@ -50,6 +50,7 @@ GenerationResult GeneratorEngine::generate(const GenerationRequest& request, Gen
   req.max_tokens = request.max_tokens;
   req.stop_token_ids = request.stop_token_ids;
   req.num_draft = request.mtp ? mtp_draft_ : 0;
+  req.adaptive_draft = options_.adaptive_draft;
   req.block_verification = options_.block_verification;
   req.draft_temperature = options_.draft_temperature;
   req.rng_seed = seeds_();

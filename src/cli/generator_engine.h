@@ -19,6 +19,7 @@ namespace pd::cli {
 struct GeneratorEngineOptions {
   bool block_verification = true;          // false: token-wise acceptance for unseeded sampling
   std::optional<float> draft_temperature;  // MTP draft temperature (draft side only)
+  bool adaptive_draft = true;              // DecodeRequest::adaptive_draft
 };
 
 class GeneratorEngine final : public server::Engine {

@@ -7,7 +7,7 @@
 //   - a drafter right for a random number of tokens, then wrong: every accepted length 0..K must occur, so
 //     the rollback to every verify row is exercised.
 // The plain run itself is anchored to transformers: its first 64 tokens are the fixture's reference greedy
-// continuation.
+// continuation. Adaptive drafting (0..K drafts a step) gives the plain tokens too, greedy and seeded.
 #include <fmt/format.h>
 
 #include "exactness/generator_test_util.h"
@@ -67,6 +67,39 @@ TEST_P(GreedyIdentity, MtpCyclesEqualPlainDecoding) {
         }
         if (pi == 2 && k == 2)
           std::printf("%s prompt %zu: %s\n", GetParam().c_str(), prompt.size(), what.c_str());
+      }
+    }
+  }
+}
+
+// Adaptive drafting (DecodeRequest::adaptive_draft, draft_policy.h) with the real MTP head: each step drafts
+// 0..K tokens as the request's acceptance and step times say, and the tokens are those of plain decoding,
+// greedy and seeded. Which steps draft depends on measured times; that every request starts with two
+// cycles at K and two plain steps (the policy's exploration) does not, so both kinds of step always occur.
+TEST_P(GreedyIdentity, AdaptiveDraftingEqualsPlainDecoding) {
+  if (skip_in_reduced_run(GetParam())) GTEST_SKIP() << "reduced (unoptimized) build";
+  std::unique_ptr<GeneratorFixture> g = GeneratorFixture::open(GetParam());
+  ASSERT_NE(g, nullptr);
+  const std::vector<std::vector<int32_t>> prompts = g->prompts();
+  for (size_t pi : {size_t{1}, size_t{2}}) {
+    for (const SamplingParams& sp : {greedy(), seeded(0.8f, 0.9f, 7 + pi)}) {
+      DecodeRequest req;
+      req.prompt = prompts[pi];
+      req.sampling = sp;
+      req.max_tokens = kTokens;
+      Expected<DecodeResult> plain = g->gen->generate(req);
+      ASSERT_TRUE(plain.has_value()) << plain.status().to_string();
+      for (int k : {2, 4}) {
+        SCOPED_TRACE(fmt::format("{} prompt of {} tokens, {}, K={}", GetParam(), req.prompt.size(),
+                                 sp.is_greedy() ? "greedy" : "seeded", k));
+        DecodeRequest adaptive = req;
+        adaptive.num_draft = k;
+        adaptive.adaptive_draft = true;
+        Expected<DecodeResult> r = g->gen->generate(adaptive);
+        ASSERT_TRUE(r.has_value()) << r.status().to_string();
+        EXPECT_EQ(r->tokens, plain->tokens);
+        EXPECT_GE(r->accept.cycles, 2);
+        EXPECT_GE(r->plain_steps, 2);
       }
     }
   }

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "puredrive/decode/cycle_runner.h"
+#include "puredrive/decode/draft_policy.h"
 #include "puredrive/decode/mtp_drafter.h"
 #include "puredrive/util/clock.h"
 
@@ -121,6 +122,7 @@ class Generator::Run {
                  .timing = r.timing}) {
     draft_params_ = r.sampling;
     if (r.draft_temperature && !r.sampling.is_greedy()) draft_params_.temperature = *r.draft_temperature;
+    if (r.adaptive_draft && drafter_ != nullptr) policy_.emplace(r.num_draft);
   }
 
   Expected<DecodeResult> run() {
@@ -146,13 +148,16 @@ class Generator::Run {
       const int total = static_cast<int>(seq_.size());
       // No drafts that could not be emitted: a cycle emits at most k + 1 tokens, within max_tokens and the
       // context.
-      const int k = std::min({r_.num_draft, r_.max_tokens - generated() - 1, st.capacity() - total - 1,
-                              g_.model_.max_rows() - 1, st.max_rows() - 1});
+      const int k = std::min({policy_ ? policy_->next() : r_.num_draft, r_.max_tokens - generated() - 1,
+                              st.capacity() - total - 1, g_.model_.max_rows() - 1, st.max_rows() - 1});
       const int64_t n = total - 1;
+      const auto s0 = Clock::now();
       if (k >= 1 && drafter_ && drafter_->can_draft(n)) {
         PD_TRY(cycle(k));
+        if (policy_) policy_->record_cycle(k, result_.cycle_accepted.back(), seconds_since(s0));
       } else {
         PD_TRY(plain_step());
+        if (policy_) policy_->record_plain(seconds_since(s0));
       }
     }
     PD_TRY(runner_.finish());
@@ -300,6 +305,7 @@ class Generator::Run {
   Drafter* observer_;   // observes the prompt: drafter_, or the MTP drafter for the cache's blocks
   CycleRunner runner_;
   SamplingParams draft_params_;
+  std::optional<DraftPolicy> policy_;  // adaptive_draft with a drafter
 
   std::vector<int32_t> seq_;  // prompt + generated
   bool done_ = false;

@@ -61,6 +61,9 @@ struct DecodeRequest {
   int max_tokens = 16;
   std::vector<int32_t> stop_token_ids;  // EOS ids (model_defaults.h)
   int num_draft = 0;                    // k: 0 = plain decoding, 1..max_draft = MTP cycles
+  // With num_draft > 0: each step drafts 0..num_draft tokens, as the request's own acceptance and step
+  // times say pays best (draft_policy.h); the emitted tokens are the same either way.
+  bool adaptive_draft = false;
   // The acceptance rule; default choose_accept_rule(sampling, block_verification). kGreedy needs
   // temperature 0, kSeeded a seed.
   std::optional<AcceptRule> rule;
