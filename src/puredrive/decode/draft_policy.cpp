@@ -1,5 +1,7 @@
 #include "puredrive/decode/draft_policy.h"
 
+#include <algorithm>
+
 #include "puredrive/util/status.h"
 
 namespace pd {
@@ -17,7 +19,7 @@ int DraftPolicy::next() const {
   // First the full cycle's time, then the plain step's, each over two samples.
   if (!times_[static_cast<size_t>(max_draft_)].known()) return max_draft_;
   if (!times_[0].known()) return 0;
-  if (plain_run_ >= kProbeEvery) return max_draft_;
+  if (plain_run_ >= probe_every_) return max_draft_;
   if (cycle_run_ >= kRetimeEvery) return 0;
   int best = 0;
   double best_rate = 1.0 / seconds_of(0);
@@ -44,12 +46,16 @@ void DraftPolicy::record_cycle(int k, int accepted, double seconds) {
     if (j <= accepted) accepted_[static_cast<size_t>(j - 1)] += 1.0;
   }
   record_time(times_[static_cast<size_t>(k)], seconds);
+  probed_ = plain_run_ >= probe_every_;
+  if (!probed_ && plain_run_ > 0) probe_every_ = kProbeEvery;  // drafting pays again
   plain_run_ = 0;
   ++cycle_run_;
 }
 
 void DraftPolicy::record_plain(double seconds) {
   record_time(times_[0], seconds);
+  if (probed_) probe_every_ = std::min(2 * probe_every_, kProbeMax);  // the probe did not pay
+  probed_ = false;
   ++plain_run_;
   cycle_run_ = 0;
 }

@@ -11,9 +11,11 @@
 //     left out: on the GPU it records the step's graph);
 // and picks the k in 0..max_draft (0: a plain step) with the most expected tokens per second,
 // E(k) / t(k) with E(k) = 1 + a_1 + a_1 a_2 + ... + a_1..a_k. While it decodes plainly it learns nothing
-// about acceptance, so every kProbeEvery plain steps it drafts once more at max_draft; while it drafts, the
-// plain step's time goes stale (a busy machine may have inflated it), so every kRetimeEvery cycles it takes
-// one plain step.
+// about acceptance, so after kProbeEvery plain steps it drafts once more at max_draft, and after twice as
+// many each time such a probe did not bring drafting back (up to kProbeMax): a probe costs a cycle, and the
+// MTP head then catches up on every row it skipped (on the CPU, about an eighth of a step each for the tiny
+// coder). While it drafts, the plain step's time goes stale (a busy machine may have inflated it), so every
+// kRetimeEvery cycles it takes one plain step.
 //
 // Which k a cycle uses never changes the emitted tokens (docs/DESIGN.md §4.3: greedy and seeded outputs are
 // the same with any drafts or none; token-wise and block acceptance stay distribution-exact), only the
@@ -26,7 +28,8 @@ namespace pd {
 
 class DraftPolicy {
  public:
-  static constexpr int kProbeEvery = 16;   // plain steps between two probing cycles
+  static constexpr int kProbeEvery = 16;   // plain steps before a probing cycle
+  static constexpr int kProbeMax = 256;    // ... after failed probes
   static constexpr int kRetimeEvery = 32;  // cycles between two plain steps that retime it
   static constexpr double kDecay = 0.9;    // weight of the older acceptance counts at each cycle
   static constexpr double kPriorAccept = 0.8;
@@ -60,6 +63,8 @@ class DraftPolicy {
   std::vector<double> reached_, accepted_;  // [j - 1]: decayed counts of cycles that reached / kept draft j
   std::vector<Timing> times_;               // [k]: 0 = plain step
   int plain_run_ = 0;                       // plain steps since the last cycle
+  int probe_every_ = kProbeEvery;           // plain steps before the next probe
+  bool probed_ = false;                     // the last cycle was a probe
   int cycle_run_ = 0;                       // cycles since the last plain step
 };
 

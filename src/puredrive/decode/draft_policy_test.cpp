@@ -45,19 +45,35 @@ TEST(DraftPolicy, KeepsDraftingWhenCyclesPayAndRetimesThePlainStep) {
   }
 }
 
-TEST(DraftPolicy, DecodesPlainlyWhenDraftsAreRejectedAndProbesNowAndThen) {
+TEST(DraftPolicy, DecodesPlainlyWhenDraftsAreRejectedAndProbesLessAndLess) {
   DraftPolicy p(2);
   explore(p, 2, 0, 2.5, 1.0);  // the tiny coder on the CPU: a 3-row verify costs 2.5 plain steps
-  for (int round = 0; round < 3; ++round) {
-    // The exploration's two plain steps count towards the first probe.
-    const int plain = round == 0 ? DraftPolicy::kProbeEvery - 2 : DraftPolicy::kProbeEvery;
-    for (int i = 0; i < plain; ++i) {
+  // The exploration's two plain steps count towards the first probe; each failed probe doubles the wait.
+  const int waits[] = {DraftPolicy::kProbeEvery - 2, 32, 64, 128, 256, 256};
+  for (int round = 0; round < 6; ++round) {
+    for (int i = 0; i < waits[round]; ++i) {
       ASSERT_EQ(p.next(), 0) << "round " << round << " step " << i;
       p.record_plain(1.0);
     }
     ASSERT_EQ(p.next(), 2) << "probe " << round;
     p.record_cycle(2, 0, 2.5);
   }
+}
+
+TEST(DraftPolicy, AProbeThatPaysBringsDraftingBack) {
+  DraftPolicy p(1);
+  explore(p, 1, 0, 1.5, 1.0);  // rejected drafts: 1.37 tokens for 1.5 steps
+  for (int i = 0; i < DraftPolicy::kProbeEvery - 2; ++i) {
+    ASSERT_EQ(p.next(), 0) << "step " << i;
+    p.record_plain(1.0);
+  }
+  ASSERT_EQ(p.next(), 1);  // the probe keeps its draft: 1.52 tokens for 1.5 steps
+  p.record_cycle(1, 1, 1.5);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_EQ(p.next(), 1) << "cycle " << i;
+    p.record_cycle(1, 1, 1.5);
+  }
+  EXPECT_GT(p.accept_chance(1), 0.9);
 }
 
 TEST(DraftPolicy, PicksTheDraftLengthWithTheMostTokensPerSecond) {
