@@ -1,6 +1,7 @@
 // `puredrive generate` end to end on the fixtures: the greedy ids it prints equal transformers' greedy
 // continuation, the JSON reports the peak resident set (printed to the test log), and a model whose memory
-// plan exceeds the available memory is refused with a clear message before anything is loaded.
+// plan exceeds the available memory is refused with a clear message before anything is loaded; --mtp-adaptive
+// on and off give the same tokens.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -97,6 +98,31 @@ TEST(GenerateCliDefaults, AutoBackendAndContextFromTheModel) {
 #ifndef PD_HAVE_CUDA
   EXPECT_EQ(backend.substr(0, 4), "cpu ");  // a build without CUDA has nothing else to pick
 #endif
+}
+
+// --mtp-adaptive: on by default, off keeps every step at --mtp-draft; the tokens are the same. A value
+// other than on/off (or true/false) is refused.
+TEST(GenerateCliDefaults, MtpAdaptiveSwitch) {
+  const std::string dir = golden::fixtures_dir() + "/tiny-coder";
+  std::vector<int32_t> tokens[2];
+  for (const int i : {0, 1}) {
+    const CliRun r =
+        run(fmt::format("generate --model {} --backend cpu --prompt-ids 1,2,3,4 -n 24 --temp 0 "
+                        "--ignore-eos --mtp-draft 2 {} --json",
+                        dir, i == 0 ? "" : "--mtp-adaptive off"));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const size_t brace = r.out.rfind("\n{");
+    const nlohmann::json j = nlohmann::json::parse(r.out.substr(brace == std::string::npos ? 0 : brace + 1));
+    EXPECT_EQ(j.at("mtp_adaptive").get<bool>(), i == 0);
+    tokens[i] = j.at("tokens").get<std::vector<int32_t>>();
+    if (i == 1) {  // only the last step may be plain, when one token is left to emit
+      EXPECT_LE(j.at("stats").at("plain_steps").get<int>(), 1) << r.out;
+    }
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+  const CliRun bad = run(fmt::format("generate --model {} --prompt-ids 1,2 -n 2 --mtp-adaptive maybe", dir));
+  EXPECT_NE(bad.rc, 0) << bad.out;
+  EXPECT_NE(bad.out.find("--mtp-adaptive"), std::string::npos) << bad.out;
 }
 
 }  // namespace
