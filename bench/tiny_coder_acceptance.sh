@@ -20,7 +20,7 @@ for f in $files; do
     [ $count -ge 20 ] && break 2
     prompt=$(sed -n "$((start > 20 ? start - 20 : 1)),$((start))p" "$stdlib/$f")
     plain=$("$bin" generate --model models/tiny-coder --prompt "$prompt" -n "$n" --no-mtp --temp 0 --ignore-eos 2> /dev/null)
-    mtp_json=$("$bin" generate --model models/tiny-coder --prompt "$prompt" -n "$n" --mtp-draft "$k" ${PD_MTP_ARGS:-} --temp 0 --ignore-eos --json 2> /dev/null)
+    mtp_json=$("$bin" generate --model models/tiny-coder --prompt "$prompt" -n "$n" --mtp-draft "$k" --mtp-adaptive off ${PD_MTP_ARGS:-} --temp 0 --ignore-eos --json 2> /dev/null)
     mtp_text=$(python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["text"], end="")' <<< "$mtp_json")
     tpc=$(python3 -c 'import json,sys; s=json.loads(sys.stdin.read())["stats"]; print(s["tokens_per_cycle"])' <<< "$mtp_json")
     same=yes

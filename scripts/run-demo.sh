@@ -32,7 +32,8 @@ field() {
   sed -n "$2" "$work/$1.log" | head -n1
 }
 
-generate mtp
+# Every step speculative (--mtp-adaptive off): the MTP answer comes from cycles, not from plain steps.
+generate mtp --mtp-adaptive off
 generate plain --no-mtp
 
 echo "prompt ($(basename "$model")):"
