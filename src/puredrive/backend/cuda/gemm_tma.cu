@@ -57,6 +57,22 @@ __device__ __forceinline__ void block_part(const int* n_tiles_end, int parts, in
   *nt = static_cast<int>(blockIdx.y) - (q == 0 ? 0 : n_tiles_end[q - 1]);
 }
 
+// The ring's start in dynamic shared memory: swizzled tiles need 1024-byte alignment (kSmem and kGSmem keep
+// 1024 bytes for it).
+__device__ __forceinline__ uint8_t* ring_base(uint8_t* smem_raw) {
+  return smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+}
+
+// The producer's turn at stage kt: waits until the consumers gave the slot back (from the second round on)
+// and expects `bytes` on its full barrier; returns the slot.
+__device__ __forceinline__ int acquire_stage(uint64_t* full, uint64_t* empty, int kt, int stages,
+                                             uint32_t bytes) {
+  const int s = kt % stages;
+  if (kt >= stages) wait_stage(&empty[s], static_cast<uint32_t>((kt / stages - 1) & 1));
+  mbar_expect(&full[s], bytes);
+  return s;
+}
+
 // Thread 0 sets up the ring's barriers: a full barrier per stage (the producer's arrival with the copies'
 // bytes), an empty one (one arrival per consumer warp). The block barrier that follows publishes them.
 __device__ __forceinline__ void init_stages(uint64_t* full, uint64_t* empty, int stages) {
@@ -105,7 +121,7 @@ __device__ __forceinline__ void multiply(float (&acc)[N], const uint8_t* smem, u
 __global__ void __launch_bounds__(kThreads, 1) tma_mma_kernel(const __grid_constant__ TmaJob j) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* const smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024
+  uint8_t* const smem = ring_base(smem_raw);
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* const empty = full + kStages;
   int p = 0, nt = 0;
@@ -119,10 +135,8 @@ __global__ void __launch_bounds__(kThreads, 1) tma_mma_kernel(const __grid_const
   if (tid < 128) {
     if (tid == 0) {
       for (int kt = 0; kt < j.k_tiles; ++kt) {
-        const int s = kt % kStages;
-        if (kt >= kStages) wait_stage(&empty[s], static_cast<uint32_t>((kt / kStages - 1) & 1));
+        const int s = acquire_stage(full, empty, kt, kStages, kStageBytes);
         uint8_t* const stage = smem + s * kStageBytes;
-        mbar_expect(&full[s], kStageBytes);
         tma_load(stage, &j.hi, kt * kK, m0, &full[s]);
         tma_load(stage + kATile, &j.lo, kt * kK, m0, &full[s]);
         tma_load(stage + 2 * kATile, &j.w[p], kt * kK, nt * kCols, &full[s]);
@@ -161,6 +175,15 @@ __global__ void __launch_bounds__(kThreads, 1) tma_mma_kernel(const __grid_const
 #endif
 }
 
+// Four activations as bf16 hi and lo (split_pair) at hi and lo.
+__device__ __forceinline__ void split_quad(const float* src, uint16_t* hi, uint16_t* lo) {
+  uint2 h, l;
+  split_pair(src[0], src[1], &h.x, &l.x);
+  split_pair(src[2], src[3], &h.y, &l.y);
+  *reinterpret_cast<uint2*>(hi) = h;
+  *reinterpret_cast<uint2*>(lo) = l;
+}
+
 // x [rows, K] (row stride xs) into bf16 hi and lo arrays [rows, K]: four columns per thread.
 __global__ void split_rows_kernel(const float* x, int64_t xs, int rows, int64_t K, uint16_t* hi,
                                   uint16_t* lo) {
@@ -169,12 +192,7 @@ __global__ void split_rows_kernel(const float* x, int64_t xs, int rows, int64_t 
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * quads) return;
   const int64_t r = i / quads, k = (i % quads) * 4;
-  const float* s = x + r * xs + k;
-  uint2 h, l;
-  split_pair(s[0], s[1], &h.x, &l.x);
-  split_pair(s[2], s[3], &h.y, &l.y);
-  *reinterpret_cast<uint2*>(hi + r * K + k) = h;
-  *reinterpret_cast<uint2*>(lo + r * K + k) = l;
+  split_quad(x + r * xs + k, hi + r * K + k, lo + r * K + k);
 }
 
 // The MoE products (grouped experts, gate/up pairs): blocks of kGRows activation rows (one 64-row tile of an
@@ -214,7 +232,7 @@ struct TmaMoeJob {                           // 64-byte aligned, as CUtensorMap 
 __global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_constant__ TmaMoeJob j) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* const smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* const smem = ring_base(smem_raw);
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kGStages * kGStageBytes);
   uint64_t* const empty = full + kGStages;
   __shared__ int s_dst[kGRows];
@@ -246,11 +264,9 @@ __global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_const
     if (tid == 0) {
       const int w0 = nt * (j.dual ? 128 : 256);  // of the expert's matrix (rows past it read as zeros)
       for (int kt = 0; kt < j.k_tiles[p]; ++kt) {
-        const int s = kt % kGStages, k = kt * kK;
-        if (kt >= kGStages) wait_stage(&empty[s], static_cast<uint32_t>((kt / kGStages - 1) & 1));
+        const int s = acquire_stage(full, empty, kt, kGStages, kGStageBytes), k = kt * kK;
         uint8_t* const stage = smem + s * kGStageBytes;
         uint8_t* const b = stage + 2 * kGATile;
-        mbar_expect(&full[s], kGStageBytes);
         tma_load(stage, &j.hi[p], k, t * kGRows, &full[s]);
         tma_load(stage + kGATile, &j.lo[p], k, t * kGRows, &full[s]);
         for (int q = 0; q < 4; ++q) {
@@ -318,13 +334,12 @@ __global__ void gather_split_kernel(const float* x, int64_t xs, int64_t K, const
       i < count[e] ? x + static_cast<int64_t>(list[static_cast<int64_t>(e) * list_stride + i] / list_div) * xs
                    : nullptr;
   for (int64_t k = static_cast<int64_t>(threadIdx.x) * 4; k < K; k += static_cast<int64_t>(blockDim.x) * 4) {
-    uint2 h = make_uint2(0, 0), l = make_uint2(0, 0);
     if (src != nullptr) {
-      split_pair(src[k], src[k + 1], &h.x, &l.x);
-      split_pair(src[k + 2], src[k + 3], &h.y, &l.y);
+      split_quad(src + k, hi + row * K + k, lo + row * K + k);
+    } else {
+      *reinterpret_cast<uint2*>(hi + row * K + k) = make_uint2(0, 0);
+      *reinterpret_cast<uint2*>(lo + row * K + k) = make_uint2(0, 0);
     }
-    *reinterpret_cast<uint2*>(hi + row * K + k) = h;
-    *reinterpret_cast<uint2*>(lo + row * K + k) = l;
   }
 }
 
@@ -345,16 +360,23 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// A bf16 matrix [rows, cols] (rows of cols elements, contiguous) read in boxes of box_rows x kK, swizzled.
+// A bf16 tensor of `rank` dimensions (dims innermost first; strides in bytes of dimensions 1..) read in
+// 128-byte-swizzled boxes, zeros past its ends.
+bool encode_map(CUtensorMap* map, cuuint32_t rank, const void* data, const cuuint64_t* dims,
+                const cuuint64_t* strides, const cuuint32_t* box) {
+  const cuuint32_t steps[3] = {1, 1, 1};
+  return encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(data), dims, strides,
+                        box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A bf16 matrix [rows, cols] (rows of cols elements, contiguous) read in boxes of box_rows x kK.
 bool tile_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int box_rows) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
   const cuuint32_t box[2] = {kK, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t steps[2] = {1, 1};
-  return encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides, box,
-                        steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_map(map, 2, data, dims, strides, box);
 }
 
 // Stacked experts [experts, rows, cols] (data_stride bytes apart) read in boxes of 64 rows x kK of one
@@ -365,11 +387,7 @@ bool tile_map_experts(CUtensorMap* map, const DevMatrix& w, int experts) {
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(w.cols) * 2,
                                  static_cast<cuuint64_t>(experts > 1 ? w.data_stride : w.rows * w.cols * 2)};
   const cuuint32_t box[3] = {kK, 64, 1};
-  const cuuint32_t steps[3] = {1, 1, 1};
-  return encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(w.data), dims, strides,
-                        box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_map(map, 3, w.data, dims, strides, box);
 }
 
 bool device_has_wgmma() {
