@@ -44,23 +44,20 @@ void store_row(const Tensor& cache, int64_t position, const float* src) {
   }
 }
 
-// Entries [begin, begin + count) of KV head h as f32 rows of D (pointer into the cache when it is f32).
-const float* load_rows(const Tensor& cache, int64_t begin, int64_t count, int h, int d, float* buf) {
-  if (cache.dtype == DType::kF32 && count == 1) return cache.row<float>(begin) + static_cast<int64_t>(h) * d;
-  for (int64_t t = 0; t < count; ++t) {
-    float* out = buf + t * d;
-    if (cache.dtype == DType::kF32) {
-      const float* src = cache.row<float>(begin + t) + static_cast<int64_t>(h) * d;
-      std::copy(src, src + d, out);
-    } else {
-      const uint16_t* src = cache.row<uint16_t>(begin + t) + static_cast<int64_t>(h) * d;
-      for (int i = 0; i < d; ++i) out[i] = bf16_to_f32(src[i]);
-    }
-  }
-  return buf;
+// q . (cached key of KV head h at position t): the canonical dot, a bf16 key widened exactly on the fly.
+float key_dot(const Tensor& cache, int64_t t, int h, int d, const float* q) {
+  if (cache.dtype == DType::kF32) return dot(q, cache.row<float>(t) + static_cast<int64_t>(h) * d, d);
+  return dot_bf16(q, cache.row<uint16_t>(t) + static_cast<int64_t>(h) * d, d);
 }
 
-constexpr int64_t kBlock = 64;  // cache entries converted at a time
+// acc += p * (cached value of KV head h at position t), each element a product then a sum.
+void add_value(float* acc, float p, const Tensor& cache, int64_t t, int h, int d) {
+  if (cache.dtype == DType::kF32) {
+    add_scaled(acc, p, cache.row<float>(t) + static_cast<int64_t>(h) * d, d);
+  } else {
+    add_scaled_bf16(acc, p, cache.row<uint16_t>(t) + static_cast<int64_t>(h) * d, d);
+  }
+}
 
 }  // namespace
 
@@ -104,61 +101,48 @@ void gated_attention(const Exec& pool, const GatedAttentionArgs& a, const float*
   // order depends only on the row's position.
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const double context = 1.0 + *a.positions.row<int32_t>(rows - 1);
-  parallel_for(pool, static_cast<size_t>(rows * hkv), 2.0 * group * d * context,
-               [&](size_t begin, size_t end) {
-                 std::vector<float> block(static_cast<size_t>(kBlock) * d);
-                 std::vector<float> scores;
-                 std::vector<float> acc(static_cast<size_t>(group) * d);
-                 for (size_t item = begin; item < end; ++item) {
-                   const int64_t r = static_cast<int64_t>(item) / hkv;
-                   const int kvh = static_cast<int>(static_cast<int64_t>(item) % hkv);
-                   const int64_t pos = *a.positions.row<int32_t>(r);
-                   const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
-                   const int64_t n = pos - first + 1;
-                   scores.assign(static_cast<size_t>(n * group), 0.0f);
-                   for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
-                     const int64_t cnt = std::min(kBlock, n - t0);
-                     const float* keys = load_rows(a.cache.k, first + t0, cnt, kvh, d, block.data());
-                     for (int g = 0; g < group; ++g) {
-                       const float* qh = q.data() + (r * hq + kvh * group + g) * d;
-                       for (int64_t t = 0; t < cnt; ++t)
-                         scores[g * n + t0 + t] = dot(qh, keys + t * d, d) * scale;
-                     }
-                   }
-                   for (int g = 0; g < group; ++g) {
-                     float* sc = scores.data() + g * n;
-                     float mx = sc[0];
-                     for (int64_t t = 1; t < n; ++t) mx = std::max(mx, sc[t]);
-                     float sum = 0.0f;
-                     for (int64_t t = 0; t < n; ++t) {
-                       sc[t] = std::exp(sc[t] - mx);
-                       sum += sc[t];
-                     }
-                     for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] / sum;
-                   }
-                   std::fill(acc.begin(), acc.end(), 0.0f);
-                   for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
-                     const int64_t cnt = std::min(kBlock, n - t0);
-                     const float* values = load_rows(a.cache.v, first + t0, cnt, kvh, d, block.data());
-                     for (int g = 0; g < group; ++g) {
-                       const float* sc = scores.data() + g * n + t0;
-                       float* ag = acc.data() + int64_t{g} * d;
-                       for (int64_t t = 0; t < cnt; ++t) {
-                         const float p = sc[t];
-                         const float* v = values + t * d;
-                         for (int i = 0; i < d; ++i) ag[i] += p * v[i];
-                       }
-                     }
-                   }
-                   for (int g = 0; g < group; ++g) {
-                     const int h = kvh * group + g;
-                     const float* gate = a.qg.row<float>(r) + int64_t{h} * 2 * d + d;
-                     float* o = a.out.row<float>(r) + int64_t{h} * d;
-                     const float* ag = acc.data() + int64_t{g} * d;
-                     for (int i = 0; i < d; ++i) o[i] = ag[i] * sigmoid(gate[i]);
-                   }
-                 }
-               });
+  parallel_for(
+      pool, static_cast<size_t>(rows * hkv), 2.0 * group * d * context, [&](size_t begin, size_t end) {
+        std::vector<float> scores;
+        std::vector<float> acc(static_cast<size_t>(group) * d);
+        for (size_t item = begin; item < end; ++item) {
+          const int64_t r = static_cast<int64_t>(item) / hkv;
+          const int kvh = static_cast<int>(static_cast<int64_t>(item) % hkv);
+          const int64_t pos = *a.positions.row<int32_t>(r);
+          const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+          const int64_t n = pos - first + 1;
+          const float* qr = q.data() + (r * hq + int64_t{kvh} * group) * d;
+          scores.resize(static_cast<size_t>(n * group));
+          for (int64_t t = 0; t < n; ++t) {
+            for (int g = 0; g < group; ++g)
+              scores[g * n + t] = key_dot(a.cache.k, first + t, kvh, d, qr + int64_t{g} * d) * scale;
+          }
+          for (int g = 0; g < group; ++g) {
+            float* sc = scores.data() + g * n;
+            float mx = sc[0];
+            for (int64_t t = 1; t < n; ++t) mx = std::max(mx, sc[t]);
+            float sum = 0.0f;
+            for (int64_t t = 0; t < n; ++t) {
+              sc[t] = std::exp(sc[t] - mx);
+              sum += sc[t];
+            }
+            for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] / sum;
+          }
+          // Each output element sums its terms in ascending position.
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int64_t t = 0; t < n; ++t) {
+            for (int g = 0; g < group; ++g)
+              add_value(acc.data() + int64_t{g} * d, scores[g * n + t], a.cache.v, first + t, kvh, d);
+          }
+          for (int g = 0; g < group; ++g) {
+            const int h = kvh * group + g;
+            const float* gate = a.qg.row<float>(r) + int64_t{h} * 2 * d + d;
+            float* o = a.out.row<float>(r) + int64_t{h} * d;
+            const float* ag = acc.data() + int64_t{g} * d;
+            for (int i = 0; i < d; ++i) o[i] = ag[i] * sigmoid(gate[i]);
+          }
+        }
+      });
 }
 
 }  // namespace pd::cpu

@@ -99,6 +99,13 @@ __attribute__((target("avx2,fma"))) inline __m256 load_w8(const uint16_t* p) {
   return bf16x8(p);
 }
 
+inline float widen(float v) {
+  return v;
+}
+inline float widen(uint16_t v) {
+  return bf16_to_f32(v);
+}
+
 // Two canonical dots sharing the loads (and, for bf16, the conversion) of w: each row keeps its own four
 // accumulators, so every result is bitwise dot(x, w) (dot_bf16(x, w) for bf16 weights). The tail (n % 32)
 // goes through the single-row kernels' order: zero-filled lanes add 0*0.
@@ -130,6 +137,17 @@ __attribute__((target("avx2,fma"))) void dot2_avx2(const float* x0, const float*
   }
   *out0 = hsum_canonical(a);
   *out1 = hsum_canonical(b);
+}
+
+// add_scaled's loop eight floats at a time: _mm256_mul_ps and _mm256_add_ps round as the scalar operations.
+template <typename V>
+__attribute__((target("avx2,fma"))) void add_scaled_avx2(float* acc, float p, const V* v, int64_t n) {
+  const __m256 pv = _mm256_set1_ps(p);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_mul_ps(pv, load_w8(v + i))));
+  }
+  for (; i < n; ++i) acc[i] = acc[i] + p * widen(v[i]);
 }
 
 __attribute__((target("avx2,fma,f16c"))) void f16_row_avx2(const uint16_t* src, float* out, int64_t n) {
@@ -363,27 +381,79 @@ void dot2(const float* x0, const float* x1, const float* w, int64_t n, float* ou
   *out1 = dot_portable(x1, w, n);
 }
 
-void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, float* out,
-             int64_t out_stride, float* buf) {
-  if (m.format == WeightFormat::kBF16) {
-    // Converted in registers, not dequantised into buf: a verify step's rows cost their multiply-adds only.
-    const uint16_t* w = static_cast<const uint16_t*>(m.data) + r * m.cols;
-    int64_t i = 0;
+void add_scaled(float* acc, float p, const float* v, int64_t n) {
 #if PD_X86
-    if (kHasAvx2) {
-      for (; i + 2 <= count; i += 2) {
-        dot2_avx2(xs[i], xs[i + 1], w, m.cols, &out[i * out_stride], &out[(i + 1) * out_stride]);
-      }
-    }
-#endif
-    for (; i < count; ++i) out[i * out_stride] = dot_bf16(xs[i], w, m.cols);
+  if (kHasAvx2) {
+    add_scaled_avx2(acc, p, v, n);
     return;
   }
-  const float* w = matrix_row(m, r, buf);
+#endif
+  for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] + p * v[i];
+}
+
+void add_scaled_bf16(float* acc, float p, const uint16_t* v, int64_t n) {
+#if PD_X86
+  if (kHasAvx2) {
+    add_scaled_avx2(acc, p, v, n);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] + p * bf16_to_f32(v[i]);
+}
+
+namespace {
+
+// Weight row r of m as the dots read it: bf16 as stored (widened in registers), anything else as f32 (a
+// pointer into f32 weights, or the row dequantised into buf).
+struct RowRef {
+  const uint16_t* bf16 = nullptr;
+  const float* f32 = nullptr;
+};
+
+RowRef row_ref(const Matrix& m, int64_t r, float* buf) {
+  if (m.format == WeightFormat::kBF16) return {.bf16 = static_cast<const uint16_t*>(m.data) + r * m.cols};
+  return {.f32 = matrix_row(m, r, buf)};
+}
+
+void dot_ref(const RowRef& w, int64_t n, const float* const* xs, int64_t count, float* out) {
   int64_t i = 0;
-  for (; i + 2 <= count; i += 2)
-    dot2(xs[i], xs[i + 1], w, m.cols, &out[i * out_stride], &out[(i + 1) * out_stride]);
-  for (; i < count; ++i) out[i * out_stride] = dot(xs[i], w, m.cols);
+  if (w.bf16 != nullptr) {
+#if PD_X86
+    if (kHasAvx2) {
+      for (; i + 2 <= count; i += 2) dot2_avx2(xs[i], xs[i + 1], w.bf16, n, &out[i], &out[i + 1]);
+    }
+#endif
+    for (; i < count; ++i) out[i] = dot_bf16(xs[i], w.bf16, n);
+    return;
+  }
+  for (; i + 2 <= count; i += 2) dot2(xs[i], xs[i + 1], w.f32, n, &out[i], &out[i + 1]);
+  for (; i < count; ++i) out[i] = dot(xs[i], w.f32, n);
+}
+
+}  // namespace
+
+void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, float* out, float* buf) {
+  dot_ref(row_ref(m, r, buf), m.cols, xs, count, out);
+}
+
+void dot_block(const Matrix& m, int64_t r0, int nb, const float* const* xs, int64_t count, float* out,
+               float* buf) {
+  if (nb == 1) {
+    dot_row(m, r0, xs, count, out, buf);
+    return;
+  }
+  RowRef rows[kDotBlockRows];
+  for (int i = 0; i < nb; ++i) rows[i] = row_ref(m, r0 + i, buf + i * m.cols);
+  // Inputs in slices of about 256 KB, so that each weight row of the block reads them from cache.
+  const int64_t slice = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * m.cols)) & ~int64_t{1};
+  for (int64_t x0 = 0; x0 < count; x0 += slice) {
+    const int64_t n = std::min(slice, count - x0);
+    for (int i = 0; i < nb; ++i) dot_ref(rows[i], m.cols, xs + x0, n, out + i * count + x0);
+  }
+}
+
+int dot_block_rows(int64_t inputs) {
+  return inputs >= 16 ? kDotBlockRows : 1;
 }
 
 uint32_t affine_code(const Matrix& m, int64_t r, int64_t j) {

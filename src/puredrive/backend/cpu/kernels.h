@@ -23,11 +23,23 @@ void dot2(const float* x0, const float* x1, const float* w, int64_t n, float* ou
 // dot(a, bf16 -> f32 of b) with b converted on the fly; bitwise equal to converting b first (the conversion
 // is exact and the order is the canonical one).
 float dot_bf16(const float* a, const uint16_t* b, int64_t n);
-// Dot products of weight row r of m with each of the vectors xs[0..count), into out[i * out_stride]. Fuses
-// the conversion for bf16 rows with few vectors, otherwise dequantises once into buf (m.cols floats); every
-// variant gives the canonical dot's bits.
-void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, float* out,
-             int64_t out_stride, float* buf);
+// acc[i] = acc[i] + p * v[i] for i < n, the product and the sum each rounded (no fused multiply-add), with v
+// f32 or bf16 (widened exactly): every path gives the bits of that scalar loop.
+void add_scaled(float* acc, float p, const float* v, int64_t n);
+void add_scaled_bf16(float* acc, float p, const uint16_t* v, int64_t n);
+// Dot products of weight row r of m with each of the vectors xs[0..count), into out[0..count). Fuses the
+// conversion for bf16 rows, otherwise dequantises once into buf (m.cols floats); every variant gives the
+// canonical dot's bits.
+void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, float* out, float* buf);
+// dot_row for weight rows r0 .. r0 + nb - 1 (nb <= kDotBlockRows), row r0 + i into out[i * count ..]; buf
+// holds nb * m.cols floats. Each row is dequantised once and the inputs are taken in cache-sized slices, so
+// long prefill steps do not stream every input once per weight row. The same bits as dot_row.
+constexpr int kDotBlockRows = 16;
+void dot_block(const Matrix& m, int64_t r0, int nb, const float* const* xs, int64_t count, float* out,
+               float* buf);
+// Weight rows per dot_block for `inputs` vectors: blocks pay only when the inputs outgrow a weight row's
+// reuse in registers; one-row and verify steps keep one weight row per work item (finer parallel split).
+int dot_block_rows(int64_t inputs);
 
 // A row-major operand of fma_product: element (r, c) at p[r * ld + c].
 struct FmaOperand {

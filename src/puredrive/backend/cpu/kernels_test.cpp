@@ -98,6 +98,54 @@ TEST(Kernels, FusedBf16DotEqualsConvertThenDot) {
   }
 }
 
+// add_scaled: both paths are the scalar loop's product-then-sum, for f32 and bf16 values.
+TEST(Kernels, AddScaledEqualsTheScalarLoop) {
+  std::mt19937 rng(6);
+  for (int64_t n : {1, 7, 8, 9, 64, 100, 128, 259}) {
+    const auto acc0 = test::random_vector(rng, static_cast<size_t>(n));
+    const auto v = test::random_vector(rng, static_cast<size_t>(n));
+    std::vector<uint16_t> vb(v.size());
+    for (size_t i = 0; i < v.size(); ++i) vb[i] = f32_to_bf16(v[i]);
+    const float p = 0.37f;
+    std::vector<float> ref = acc0, ref_b = acc0, got = acc0, got_b = acc0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const volatile float prod = p * v[i], prod_b = p * bf16_to_f32(vb[i]);  // rounded, then added
+      ref[i] = ref[i] + prod;
+      ref_b[i] = ref_b[i] + prod_b;
+    }
+    cpu::add_scaled(got.data(), p, v.data(), n);
+    cpu::add_scaled_bf16(got_b.data(), p, vb.data(), n);
+    EXPECT_TRUE(test::bitwise_equal(got, ref)) << "n=" << n;
+    EXPECT_TRUE(test::bitwise_equal(got_b, ref_b)) << "n=" << n;
+  }
+}
+
+// dot_block: every weight row of a block gives dot_row's bits, whatever the block's size, for stored and
+// dequantised formats, with inputs past one cache slice (8192 columns: slices of 8 inputs).
+TEST(Kernels, DotBlockEqualsDotRow) {
+  std::mt19937 rng(7);
+  for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kF32, WeightFormat::kAffine}) {
+    for (int64_t cols : {int64_t{96}, int64_t{8192}}) {
+      const int64_t rows = 20, count = 21;
+      auto m = test::make_matrix(rng, rows, cols, f, 6, 32);
+      std::vector<std::vector<float>> x;
+      std::vector<const float*> xs;
+      for (int64_t i = 0; i < count; ++i) x.push_back(test::random_vector(rng, static_cast<size_t>(cols)));
+      for (const auto& v : x) xs.push_back(v.data());
+      std::vector<float> buf(static_cast<size_t>(cpu::kDotBlockRows * cols));
+      for (int nb : {1, 5, cpu::kDotBlockRows}) {
+        std::vector<float> block(static_cast<size_t>(nb * count)), one(static_cast<size_t>(count));
+        cpu::dot_block(m->m, 3, nb, xs.data(), count, block.data(), buf.data());
+        for (int i = 0; i < nb; ++i) {
+          cpu::dot_row(m->m, 3 + i, xs.data(), count, one.data(), buf.data());
+          EXPECT_EQ(std::memcmp(one.data(), block.data() + i * count, static_cast<size_t>(count) * 4), 0)
+              << weight_format_name(f) << " " << cols << " columns, block of " << nb << ", row " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(Kernels, DequantizeEveryFormatExactly) {
   std::mt19937 rng(2);
   struct Case {

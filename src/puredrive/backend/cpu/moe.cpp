@@ -81,41 +81,50 @@ void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out
   }
 
   // Phase A: act = silu(x W_gate^T) * (x W_up^T) for every selected (row, expert) and for the shared expert.
-  // One work item per expert output row: its gate and up rows are dequantised once for all rows using it.
+  // One work item per block of an expert's output rows: its gate and up rows are dequantised once for all
+  // rows using it.
   std::vector<float> act(static_cast<size_t>(rows * k * inter));
   std::vector<float> shared_act(static_cast<size_t>(rows * shared_inter));
-  const int64_t routed_items = static_cast<int64_t>(used.size()) * inter;
+  const int nb = dot_block_rows(rows);
+  const int64_t expert_blocks = (inter + nb - 1) / nb;
+  const int64_t routed_items = static_cast<int64_t>(used.size()) * expert_blocks;
+  const int64_t shared_items = (shared_inter + nb - 1) / nb;
   std::vector<const float*> xs(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) xs[static_cast<size_t>(r)] = x.row<float>(r);
   parallel_for(
-      pool, static_cast<size_t>(routed_items + shared_inter), 2.0 * static_cast<double>(hidden),
+      pool, static_cast<size_t>(routed_items + shared_items), 2.0 * static_cast<double>(hidden * nb),
       [&](size_t begin, size_t end) {
-        std::vector<float> buf(static_cast<size_t>(hidden));
+        std::vector<float> buf(static_cast<size_t>(hidden * nb));
         std::vector<const float*> in(static_cast<size_t>(rows * k));
-        std::vector<float> g(static_cast<size_t>(rows * k)), u(g.size());
+        std::vector<float> g(static_cast<size_t>(rows * k * nb)), u(g.size());
+        // act rows dst(i) (i < cnt) from the gate and up dots of output rows n0 .. n0 + count - 1.
+        auto gate_up = [&](const Matrix& wg, const Matrix& wu, int64_t n0, int64_t width,
+                           const float* const* src, int64_t cnt, auto dst) {
+          const int count = static_cast<int>(std::min<int64_t>(nb, width - n0));
+          dot_block(wg, n0, count, src, cnt, g.data(), buf.data());
+          dot_block(wu, n0, count, src, cnt, u.data(), buf.data());
+          for (int64_t i = 0; i < cnt; ++i) {
+            float* a = dst(i) + n0;
+            for (int j = 0; j < count; ++j) {
+              const size_t at = static_cast<size_t>(j * cnt + i);
+              a[j] = silu(g[at]) * u[at];
+            }
+          }
+        };
         for (size_t it = begin; it < end; ++it) {
           const int64_t item = static_cast<int64_t>(it);
           if (item < routed_items) {
-            const int e = used[static_cast<size_t>(item / inter)];
-            const int64_t n = item % inter;
+            const int e = used[static_cast<size_t>(item / expert_blocks)];
             const std::vector<int64_t>& slots = users[static_cast<size_t>(e)];
             const int64_t cnt = static_cast<int64_t>(slots.size());
             for (int64_t i = 0; i < cnt; ++i)
               in[static_cast<size_t>(i)] = xs[static_cast<size_t>(slots[static_cast<size_t>(i)] / k)];
-            dot_row(m.w.gate_proj[static_cast<size_t>(e)], n, in.data(), cnt, g.data(), 1, buf.data());
-            dot_row(m.w.up_proj[static_cast<size_t>(e)], n, in.data(), cnt, u.data(), 1, buf.data());
-            for (int64_t i = 0; i < cnt; ++i) {
-              act[static_cast<size_t>(slots[static_cast<size_t>(i)] * inter + n)] =
-                  silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
-            }
+            gate_up(m.w.gate_proj[static_cast<size_t>(e)], m.w.up_proj[static_cast<size_t>(e)],
+                    (item % expert_blocks) * nb, inter, in.data(), cnt,
+                    [&](int64_t i) { return act.data() + slots[static_cast<size_t>(i)] * inter; });
           } else {
-            const int64_t n = item - routed_items;
-            dot_row(m.w.shared_gate_proj, n, xs.data(), rows, g.data(), 1, buf.data());
-            dot_row(m.w.shared_up_proj, n, xs.data(), rows, u.data(), 1, buf.data());
-            for (int64_t r = 0; r < rows; ++r) {
-              shared_act[static_cast<size_t>(r * shared_inter + n)] =
-                  silu(g[static_cast<size_t>(r)]) * u[static_cast<size_t>(r)];
-            }
+            gate_up(m.w.shared_gate_proj, m.w.shared_up_proj, (item - routed_items) * nb, shared_inter,
+                    xs.data(), rows, [&](int64_t r) { return shared_act.data() + r * shared_inter; });
           }
         }
       });
@@ -136,7 +145,7 @@ void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out
         const int64_t cnt = static_cast<int64_t>(slots.size());
         for (int64_t i = 0; i < cnt; ++i)
           in[static_cast<size_t>(i)] = act.data() + slots[static_cast<size_t>(i)] * inter;
-        dot_row(m.w.down_proj[static_cast<size_t>(e)], n, in.data(), cnt, y.data(), 1, buf.data());
+        dot_row(m.w.down_proj[static_cast<size_t>(e)], n, in.data(), cnt, y.data(), buf.data());
         for (int64_t i = 0; i < cnt; ++i) {
           const int64_t slot = slots[static_cast<size_t>(i)];
           const int64_t r = slot / k;
@@ -144,7 +153,7 @@ void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out
           acc[static_cast<size_t>(r)] = acc[static_cast<size_t>(r)] + y[static_cast<size_t>(i)] * weight;
         }
       }
-      dot_row(m.w.shared_down_proj, n, shared_in.data(), rows, y.data(), 1, buf.data());
+      dot_row(m.w.shared_down_proj, n, shared_in.data(), rows, y.data(), buf.data());
       for (int64_t r = 0; r < rows; ++r) {
         const float v = acc[static_cast<size_t>(r)] +
                         sigmoid(shared_logit[static_cast<size_t>(r)]) * y[static_cast<size_t>(r)];

@@ -47,22 +47,28 @@ void matmul(const Exec& pool, const Matrix& w, const Tensor& x, const Tensor& ou
   const int64_t rows = x.rows;
   const int64_t k = w.cols;
   // Output column n of every row is one canonical dot of that row with weight row n, so each weight row is
-  // dequantised once per step for all rows, and no result depends on R or on the partition.
+  // dequantised once per step for all rows, and no result depends on R, on the blocks or on the partition.
   std::vector<const float*> xs(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) xs[static_cast<size_t>(r)] = x.row<float>(r);
-  parallel_for(
-      pool, static_cast<size_t>(w.rows), static_cast<double>(k * rows), [&](size_t begin, size_t end) {
-        std::vector<float> buf(static_cast<size_t>(k));
-        std::vector<float> vals(static_cast<size_t>(rows));
-        for (size_t nn = begin; nn < end; ++nn) {
-          const int64_t n = static_cast<int64_t>(nn);
-          dot_row(w, n, xs.data(), rows, vals.data(), 1, buf.data());
-          for (int64_t r = 0; r < rows; ++r) {
-            float* o = out.row<float>(r) + n;
-            *o = accum == Accum::kAdd ? *o + vals[static_cast<size_t>(r)] : vals[static_cast<size_t>(r)];
-          }
-        }
-      });
+  const int nb = dot_block_rows(rows);
+  const int64_t blocks = (w.rows + nb - 1) / nb;
+  parallel_for(pool, static_cast<size_t>(blocks), static_cast<double>(k * rows * nb),
+               [&](size_t begin, size_t end) {
+                 std::vector<float> buf(static_cast<size_t>(k * nb));
+                 std::vector<float> vals(static_cast<size_t>(rows * nb));
+                 for (size_t b = begin; b < end; ++b) {
+                   const int64_t n0 = static_cast<int64_t>(b) * nb;
+                   const int count = static_cast<int>(std::min<int64_t>(nb, w.rows - n0));
+                   dot_block(w, n0, count, xs.data(), rows, vals.data(), buf.data());
+                   for (int64_t r = 0; r < rows; ++r) {
+                     float* o = out.row<float>(r) + n0;
+                     for (int i = 0; i < count; ++i) {
+                       const float v = vals[static_cast<size_t>(i * rows + r)];
+                       o[i] = accum == Accum::kAdd ? o[i] + v : v;
+                     }
+                   }
+                 }
+               });
 }
 
 void argmax(const Tensor& x, const Tensor& out) {

@@ -61,26 +61,30 @@ TEST(CpuOps, MatmulEveryFormat) {
 
 TEST(CpuOps, MatmulRowExactAndThreadIndependent) {
   std::mt19937 rng(11);
-  const int64_t n = 53, rows = 8;
-  for (WeightFormat f : {WeightFormat::kAffine, WeightFormat::kBF16, WeightFormat::kF16}) {
-    auto w = test::make_matrix(rng, n, 256, f, 5, 64);
-    const auto x = test::random_vector(rng, static_cast<size_t>(rows * 256));
-    std::vector<float> first;
-    for (int threads : {1, 2, 4}) {
-      auto be = test::cpu_backend(threads);
-      const MatrixId id = be->bind_matrix(w->m).value();
-      Buffer xt = device_tensor(*be, DType::kF32, rows, 256, x);
-      Buffer all = device_tensor<float>(*be, DType::kF32, rows, n, {});
-      ASSERT_TRUE(be->matmul({.w = id, .x = xt.tensor(), .out = all.tensor()}).is_ok());
-      const auto full = to_host(*be, all.tensor());
-      if (first.empty()) first = full;
-      EXPECT_TRUE(test::bitwise_equal(full, first)) << threads << " threads";
-      for (int64_t r = 0; r < rows; ++r) {
-        Buffer one = device_tensor<float>(*be, DType::kF32, 1, n, {});
-        ASSERT_TRUE(be->matmul({.w = id, .x = xt.row_slice(r, 1), .out = one.tensor()}).is_ok());
-        const auto row = to_host(*be, one.tensor());
-        EXPECT_EQ(std::memcmp(row.data(), full.data() + r * n, static_cast<size_t>(n) * 4), 0)
-            << weight_format_name(f) << " row " << r;
+  const int64_t n = 53;
+  // 8 rows: one weight row per work item; 40: blocks of weight rows (53 = 3 x 16 + 5), and with 8192
+  // columns the inputs in slices of 8 rows.
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{8, 256}, {40, 256}, {40, 8192}}) {
+    for (WeightFormat f : {WeightFormat::kAffine, WeightFormat::kBF16, WeightFormat::kF16}) {
+      auto w = test::make_matrix(rng, n, cols, f, 5, 64);
+      const auto x = test::random_vector(rng, static_cast<size_t>(rows * cols));
+      std::vector<float> first;
+      for (int threads : {1, 2, 4}) {
+        auto be = test::cpu_backend(threads);
+        const MatrixId id = be->bind_matrix(w->m).value();
+        Buffer xt = device_tensor(*be, DType::kF32, rows, cols, x);
+        Buffer all = device_tensor<float>(*be, DType::kF32, rows, n, {});
+        ASSERT_TRUE(be->matmul({.w = id, .x = xt.tensor(), .out = all.tensor()}).is_ok());
+        const auto full = to_host(*be, all.tensor());
+        if (first.empty()) first = full;
+        EXPECT_TRUE(test::bitwise_equal(full, first)) << threads << " threads";
+        for (int64_t r = 0; r < rows; ++r) {
+          Buffer one = device_tensor<float>(*be, DType::kF32, 1, n, {});
+          ASSERT_TRUE(be->matmul({.w = id, .x = xt.row_slice(r, 1), .out = one.tensor()}).is_ok());
+          const auto row = to_host(*be, one.tensor());
+          EXPECT_EQ(std::memcmp(row.data(), full.data() + r * n, static_cast<size_t>(n) * 4), 0)
+              << weight_format_name(f) << " " << rows << " x " << cols << ", row " << r;
+        }
       }
     }
   }
