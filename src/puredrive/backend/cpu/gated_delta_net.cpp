@@ -99,26 +99,15 @@ void gated_delta_net(const Exec& pool, const GatedDeltaNetArgs& a, const GdnVect
 
                      // S *= alpha; kv = S^T k  (sums over the key dim in ascending order)
                      std::fill(kv.begin(), kv.end(), 0.0f);
-                     for (int i = 0; i < dk; ++i) {
-                       float* si = s + int64_t{i} * dv;
-                       const float ki = k[static_cast<size_t>(i)];
-                       for (int j = 0; j < dv; ++j) {
-                         si[j] = si[j] * alpha;
-                         kv[static_cast<size_t>(j)] += si[j] * ki;
-                       }
-                     }
+                     for (int i = 0; i < dk; ++i)
+                       decay_row(s + int64_t{i} * dv, alpha, k[static_cast<size_t>(i)], kv.data(), dv);
                      for (int j = 0; j < dv; ++j)
                        delta[static_cast<size_t>(j)] = (val[j] - kv[static_cast<size_t>(j)]) * beta;
                      // S += k delta^T; o = S^T q
                      std::fill(o.begin(), o.end(), 0.0f);
                      for (int i = 0; i < dk; ++i) {
-                       float* si = s + int64_t{i} * dv;
-                       const float ki = k[static_cast<size_t>(i)];
-                       const float qi = q[static_cast<size_t>(i)];
-                       for (int j = 0; j < dv; ++j) {
-                         si[j] = si[j] + ki * delta[static_cast<size_t>(j)];
-                         o[static_cast<size_t>(j)] += si[j] * qi;
-                       }
+                       update_row(s + int64_t{i} * dv, k[static_cast<size_t>(i)], delta.data(),
+                                  q[static_cast<size_t>(i)], o.data(), dv);
                      }
                      if (!a.snapshots.empty()) {
                        std::copy(s, s + state_size, a.snapshots.recurrent.row<float>(r) + h * state_size);

@@ -160,6 +160,36 @@ __attribute__((target("avx2,fma"))) void add_scaled_avx2(float* acc, float p, co
   for (; i < n; ++i) acc[i] = acc[i] + p * widen(v[i]);
 }
 
+__attribute__((target("avx2,fma"))) void decay_row_avx2(float* s, float alpha, float c, float* acc,
+                                                        int64_t n) {
+  const __m256 av = _mm256_set1_ps(alpha), cv = _mm256_set1_ps(c);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 sv = _mm256_mul_ps(_mm256_loadu_ps(s + j), av);
+    _mm256_storeu_ps(s + j, sv);
+    _mm256_storeu_ps(acc + j, _mm256_add_ps(_mm256_loadu_ps(acc + j), _mm256_mul_ps(sv, cv)));
+  }
+  for (; j < n; ++j) {
+    s[j] = s[j] * alpha;
+    acc[j] = acc[j] + s[j] * c;
+  }
+}
+
+__attribute__((target("avx2,fma"))) void update_row_avx2(float* s, float c, const float* d, float q,
+                                                         float* acc, int64_t n) {
+  const __m256 cv = _mm256_set1_ps(c), qv = _mm256_set1_ps(q);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 sv = _mm256_add_ps(_mm256_loadu_ps(s + j), _mm256_mul_ps(cv, _mm256_loadu_ps(d + j)));
+    _mm256_storeu_ps(s + j, sv);
+    _mm256_storeu_ps(acc + j, _mm256_add_ps(_mm256_loadu_ps(acc + j), _mm256_mul_ps(sv, qv)));
+  }
+  for (; j < n; ++j) {
+    s[j] = s[j] + c * d[j];
+    acc[j] = acc[j] + s[j] * q;
+  }
+}
+
 __attribute__((target("avx2,fma,f16c"))) void f16_row_avx2(const uint16_t* src, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -409,6 +439,32 @@ void add_scaled_bf16(float* acc, float p, const uint16_t* v, int64_t n) {
   }
 #endif
   for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] + p * bf16_to_f32(v[i]);
+}
+
+void decay_row(float* s, float alpha, float c, float* acc, int64_t n) {
+#if PD_X86
+  if (kHasAvx2) {
+    decay_row_avx2(s, alpha, c, acc, n);
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = s[j] * alpha;
+    acc[j] = acc[j] + s[j] * c;
+  }
+}
+
+void update_row(float* s, float c, const float* d, float q, float* acc, int64_t n) {
+#if PD_X86
+  if (kHasAvx2) {
+    update_row_avx2(s, c, d, q, acc, n);
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = s[j] + c * d[j];
+    acc[j] = acc[j] + s[j] * q;
+  }
 }
 
 namespace {

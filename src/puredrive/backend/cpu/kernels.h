@@ -27,6 +27,12 @@ float dot_bf16(const float* a, const uint16_t* b, int64_t n);
 // f32 or bf16 (widened exactly): every path gives the bits of that scalar loop.
 void add_scaled(float* acc, float p, const float* v, int64_t n);
 void add_scaled_bf16(float* acc, float p, const uint16_t* v, int64_t n);
+// The two row updates of the gated delta rule's state S (one key row s of Dv values), element by element,
+// each product and sum rounded on its own (every path gives the scalar loop's bits):
+//   decay_row:  s[j] = s[j] * alpha;    acc[j] = acc[j] + s[j] * c
+//   update_row: s[j] = s[j] + c * d[j]; acc[j] = acc[j] + s[j] * q
+void decay_row(float* s, float alpha, float c, float* acc, int64_t n);
+void update_row(float* s, float c, const float* d, float q, float* acc, int64_t n);
 // Dot products of weight row r of m with each of the vectors xs[0..count), into out[0..count). Fuses the
 // conversion for bf16 rows, otherwise dequantises once into buf (m.cols floats); every variant gives the
 // canonical dot's bits.

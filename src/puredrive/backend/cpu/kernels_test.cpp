@@ -120,6 +120,33 @@ TEST(Kernels, AddScaledEqualsTheScalarLoop) {
   }
 }
 
+// The delta rule's row updates: both paths are the scalar loops, each product and sum rounded on its own.
+TEST(Kernels, StateRowUpdatesEqualTheScalarLoops) {
+  std::mt19937 rng(8);
+  for (int64_t n : {1, 8, 13, 64, 128, 131}) {
+    const auto s0 = test::random_vector(rng, static_cast<size_t>(n));
+    const auto acc0 = test::random_vector(rng, static_cast<size_t>(n));
+    const auto d = test::random_vector(rng, static_cast<size_t>(n));
+    const float alpha = 0.93f, c = -0.41f, q = 0.77f;
+    std::vector<float> s = s0, acc = acc0, rs = s0, racc = acc0;
+    cpu::decay_row(s.data(), alpha, c, acc.data(), n);
+    for (size_t j = 0; j < rs.size(); ++j) {
+      rs[j] = rs[j] * alpha;
+      const volatile float prod = rs[j] * c;  // rounded, then added
+      racc[j] = racc[j] + prod;
+    }
+    EXPECT_TRUE(test::bitwise_equal(s, rs) && test::bitwise_equal(acc, racc)) << "decay_row n=" << n;
+    cpu::update_row(s.data(), c, d.data(), q, acc.data(), n);
+    for (size_t j = 0; j < rs.size(); ++j) {
+      const volatile float step = c * d[j];
+      rs[j] = rs[j] + step;
+      const volatile float prod = rs[j] * q;
+      racc[j] = racc[j] + prod;
+    }
+    EXPECT_TRUE(test::bitwise_equal(s, rs) && test::bitwise_equal(acc, racc)) << "update_row n=" << n;
+  }
+}
+
 // dot_block: every weight row of a block gives dot_row's bits, whatever the block's size, for stored and
 // dequantised formats, with inputs past one cache slice (8192 columns: slices of 8 inputs).
 TEST(Kernels, DotBlockEqualsDotRow) {

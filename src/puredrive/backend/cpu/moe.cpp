@@ -129,36 +129,45 @@ void moe(const Exec& pool, const BoundMoe& m, const Tensor& x, const Tensor& out
         }
       });
 
-  // Phase B, per output element: routed experts summed in ascending id, then the gated shared expert.
+  // Phase B, per output element: routed experts summed in ascending id, then the gated shared expert. One
+  // work item per block of output rows, so that a prefill step's activations are read once per block.
   std::vector<const float*> shared_in(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) shared_in[static_cast<size_t>(r)] = shared_act.data() + r * shared_inter;
-  const double down_work = static_cast<double>(rows * (k * inter + shared_inter));
-  parallel_for(pool, static_cast<size_t>(hidden), down_work, [&](size_t begin, size_t end) {
-    std::vector<float> buf(static_cast<size_t>(std::max(inter, shared_inter)));
-    std::vector<float> acc(static_cast<size_t>(rows)), y(static_cast<size_t>(rows * k));
+  const double down_work = static_cast<double>(rows * (k * inter + shared_inter) * nb);
+  const int64_t out_blocks = (hidden + nb - 1) / nb;
+  parallel_for(pool, static_cast<size_t>(out_blocks), down_work, [&](size_t begin, size_t end) {
+    std::vector<float> buf(static_cast<size_t>(std::max(inter, shared_inter) * nb));
+    std::vector<float> acc(static_cast<size_t>(rows * nb)), y(static_cast<size_t>(rows * k * nb));
     std::vector<const float*> in(static_cast<size_t>(rows * k));
-    for (size_t nn = begin; nn < end; ++nn) {
-      const int64_t n = static_cast<int64_t>(nn);
-      std::fill(acc.begin(), acc.end(), 0.0f);
+    for (size_t bb = begin; bb < end; ++bb) {
+      const int64_t n0 = static_cast<int64_t>(bb) * nb;
+      const int count = static_cast<int>(std::min<int64_t>(nb, hidden - n0));
+      std::fill(acc.begin(), acc.end(), 0.0f);  // acc[j * rows + r]: output n0 + j of row r
       for (int e : used) {
         const std::vector<int64_t>& slots = users[static_cast<size_t>(e)];
         const int64_t cnt = static_cast<int64_t>(slots.size());
         for (int64_t i = 0; i < cnt; ++i)
           in[static_cast<size_t>(i)] = act.data() + slots[static_cast<size_t>(i)] * inter;
-        dot_row(m.w.down_proj[static_cast<size_t>(e)], n, in.data(), cnt, y.data(), buf.data());
-        for (int64_t i = 0; i < cnt; ++i) {
-          const int64_t slot = slots[static_cast<size_t>(i)];
-          const int64_t r = slot / k;
-          const float weight = routes[static_cast<size_t>(r)][static_cast<size_t>(slot % k)].weight;
-          acc[static_cast<size_t>(r)] = acc[static_cast<size_t>(r)] + y[static_cast<size_t>(i)] * weight;
+        dot_block(m.w.down_proj[static_cast<size_t>(e)], n0, count, in.data(), cnt, y.data(), buf.data());
+        for (int j = 0; j < count; ++j) {
+          for (int64_t i = 0; i < cnt; ++i) {
+            const int64_t slot = slots[static_cast<size_t>(i)];
+            const int64_t r = slot / k;
+            const float weight = routes[static_cast<size_t>(r)][static_cast<size_t>(slot % k)].weight;
+            float& a = acc[static_cast<size_t>(j * rows + r)];
+            a = a + y[static_cast<size_t>(j * cnt + i)] * weight;
+          }
         }
       }
-      dot_row(m.w.shared_down_proj, n, shared_in.data(), rows, y.data(), buf.data());
+      dot_block(m.w.shared_down_proj, n0, count, shared_in.data(), rows, y.data(), buf.data());
       for (int64_t r = 0; r < rows; ++r) {
-        const float v = acc[static_cast<size_t>(r)] +
-                        sigmoid(shared_logit[static_cast<size_t>(r)]) * y[static_cast<size_t>(r)];
-        float& o = out.row<float>(r)[n];
-        o = accum == Accum::kAdd ? o + v : v;
+        const float gate = sigmoid(shared_logit[static_cast<size_t>(r)]);
+        float* o = out.row<float>(r) + n0;
+        for (int j = 0; j < count; ++j) {
+          const float v =
+              acc[static_cast<size_t>(j * rows + r)] + gate * y[static_cast<size_t>(j * rows + r)];
+          o[j] = accum == Accum::kAdd ? o[j] + v : v;
+        }
       }
     }
   });

@@ -34,8 +34,12 @@ struct MoeCase {
   }
 };
 
-MoeCase make_case(std::mt19937& rng, WeightFormat f, int bits) {
+MoeCase make_case(std::mt19937& rng, WeightFormat f, int bits, int64_t hidden = 64, int64_t inter = 32,
+                  int64_t shared = 64) {
   MoeCase c;
+  c.hidden = hidden;
+  c.inter = inter;
+  c.shared = shared;
   auto mk = [&](int64_t rows, int64_t cols) { return test::make_matrix(rng, rows, cols, f, bits, 32, 0.3f); };
   c.gate = test::make_matrix(rng, c.experts, c.hidden, WeightFormat::kF32, 0, 0, 1.0f);
   c.sg = mk(1, c.hidden);
@@ -140,6 +144,22 @@ TEST(CpuMoe, RowExactAndThreadIndependent) {
   const auto one = run(c, x, rows, std::vector<int64_t>(8, 1), 1, true);
   for (const auto& steps : std::vector<std::vector<int64_t>>{{8}, {3, 5}, {2, 2, 4}}) {
     for (int threads : {1, 2, 4}) {
+      EXPECT_TRUE(test::bitwise_equal(run(c, x, rows, steps, threads, true), one)) << threads << " threads";
+    }
+  }
+}
+
+// Steps of 16 rows and more take blocks of weight rows (cpu::dot_block), here with partial blocks in every
+// product (widths 72, 40 and 56): the same bits as one-row steps, and the reference.
+TEST(CpuMoe, BlockedStepsEqualOneRowSteps) {
+  std::mt19937 rng(42);
+  const MoeCase c = make_case(rng, WeightFormat::kBF16, 0, 72, 40, 56);
+  const int64_t rows = 40;
+  const auto x = test::random_vector(rng, static_cast<size_t>(rows * c.hidden));
+  const auto one = run(c, x, rows, std::vector<int64_t>(rows, 1), 1, true);
+  EXPECT_LT(test::rel_err(one, naive_moe(c, x, rows, true)), 1e-5);
+  for (const auto& steps : std::vector<std::vector<int64_t>>{{40}, {17, 23}}) {
+    for (int threads : {1, 3}) {
       EXPECT_TRUE(test::bitwise_equal(run(c, x, rows, steps, threads, true), one)) << threads << " threads";
     }
   }
