@@ -321,7 +321,100 @@ void unpack32(const uint32_t* words, int bits, uint32_t* codes) {
   }
 }
 
+#if PD_X86
+// Eight codes of 32 consecutive ones (AVX2, as 32-bit integers): 4-bit codes from one word by variable
+// shifts, 8-bit codes widened from bytes, 6-bit codes from byte windows; other widths from unpack32's
+// scalar decode.
+__attribute__((target("avx2,fma"))) inline __m256i codes8(const uint32_t* words, int bits, int part,
+                                                          const uint32_t* unpacked) {
+  if (bits == 4) {
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(words[part])), shifts),
+                            _mm256_set1_epi32(15));
+  }
+  if (bits == 8) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(words + 2 * part)));
+  }
+  if (bits == 6) {
+    // Six bytes hold the eight codes (LSB first); code k sits in the 16-bit window at byte 6k / 8, shifted by
+    // 6k % 8. Read as 4 + 2 bytes, not 8: the row's last six bytes may end the matrix.
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(words) + 6 * part;
+    uint32_t lo = 0;
+    uint16_t hi = 0;
+    std::memcpy(&lo, bytes, 4);  // two loads into registers (a 6-byte copy to the stack stalled the reload)
+    std::memcpy(&hi, bytes + 4, 2);
+    const uint64_t six = lo | (uint64_t{hi} << 32);
+    const __m128i windows = _mm_shuffle_epi8(_mm_cvtsi64_si128(static_cast<long long>(six)),
+                                             _mm_setr_epi8(0, 1, 0, 1, 1, 2, 2, 3, 3, 4, 3, 4, 4, 5, 5, 6));
+    const __m256i shifts = _mm256_setr_epi32(0, 6, 4, 2, 0, 6, 4, 2);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu16_epi32(windows), shifts), _mm256_set1_epi32(63));
+  }
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unpacked + 8 * part));
+}
+
+// Eight dequantised weights: scale * q, then + bias, each rounded (the scalar dequantisation's bits).
+__attribute__((target("avx2,fma"))) inline __m256 affine8(const uint32_t* words, int bits, int part,
+                                                          const uint32_t* unpacked, __m256 scale,
+                                                          __m256 bias) {
+  return _mm256_add_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(codes8(words, bits, part, unpacked))), bias);
+}
+
+// dequantize_affine_row eight values at a time: the integer-to-float conversion is exact, and
+// _mm256_mul_ps / _mm256_add_ps round as the scalar product and sum.
+__attribute__((target("avx2,fma"))) void dequantize_affine_row_avx2(const Matrix& m, int64_t r, float* out) {
+  const int64_t words_per_row = m.cols * m.bits / 32;
+  const int64_t groups = m.cols / m.group_size;
+  const uint32_t* row = static_cast<const uint32_t*>(m.data) + r * words_per_row;
+  alignas(32) uint32_t codes[32];
+  const bool scalar_unpack = m.bits != 4 && m.bits != 6 && m.bits != 8;
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256 scale = _mm256_set1_ps(scale_value(m.scales, m.scale_dtype, r * groups + g));
+    const __m256 bias = _mm256_set1_ps(scale_value(m.biases, m.scale_dtype, r * groups + g));
+    for (int64_t c = 0; c < m.group_size; c += 32) {
+      const int64_t col = g * m.group_size + c;
+      const uint32_t* words = row + col * m.bits / 32;
+      if (scalar_unpack) unpack32(words, m.bits, codes);
+      for (int part = 0; part < 4; ++part)
+        _mm256_storeu_ps(out + col + 8 * part, affine8(words, m.bits, part, codes, scale, bias));
+    }
+  }
+}
+
+// dot(x, dequantize_affine_row(m, r)) without the row in memory: each weight is made as there (product, then
+// sum) and meets x in the canonical order (columns come in whole 32-column blocks: groups are multiples of
+// 32).
+__attribute__((target("avx2,fma"))) float dot_affine_avx2(const float* x, const Matrix& m, int64_t r) {
+  const int64_t words_per_row = m.cols * m.bits / 32;
+  const int64_t groups = m.cols / m.group_size;
+  const uint32_t* row = static_cast<const uint32_t*>(m.data) + r * words_per_row;
+  alignas(32) uint32_t codes[32];
+  const bool scalar_unpack = m.bits != 4 && m.bits != 6 && m.bits != 8;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256 scale = _mm256_set1_ps(scale_value(m.scales, m.scale_dtype, r * groups + g));
+    const __m256 bias = _mm256_set1_ps(scale_value(m.biases, m.scale_dtype, r * groups + g));
+    for (int64_t c = 0; c < m.group_size; c += 32) {
+      const int64_t col = g * m.group_size + c;
+      const uint32_t* words = row + col * m.bits / 32;
+      if (scalar_unpack) unpack32(words, m.bits, codes);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col), affine8(words, m.bits, 0, codes, scale, bias), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col + 8), affine8(words, m.bits, 1, codes, scale, bias), a1);
+      a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col + 16), affine8(words, m.bits, 2, codes, scale, bias), a2);
+      a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col + 24), affine8(words, m.bits, 3, codes, scale, bias), a3);
+    }
+  }
+  const __m256 acc[4] = {a0, a1, a2, a3};
+  return hsum_canonical(acc);
+}
+#endif
+
 void dequantize_affine_row(const Matrix& m, int64_t r, float* out) {
+#if PD_X86
+  if (kHasAvx2) {
+    dequantize_affine_row_avx2(m, r, out);
+    return;
+  }
+#endif
   const int64_t words_per_row = m.cols * m.bits / 32;
   const int64_t groups = m.cols / m.group_size;
   const uint32_t* row = static_cast<const uint32_t*>(m.data) + r * words_per_row;
@@ -499,6 +592,13 @@ void dot_ref(const RowRef& w, int64_t n, const float* const* xs, int64_t count, 
 }  // namespace
 
 void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, float* out, float* buf) {
+#if PD_X86
+  if (kHasAvx2 && count == 1 && m.format == WeightFormat::kAffine) {
+    // One input (a decode step): the row is decoded in registers, not written to buf and read back.
+    out[0] = dot_affine_avx2(xs[0], m, r);
+    return;
+  }
+#endif
   dot_ref(row_ref(m, r, buf), m.cols, xs, count, out);
 }
 
