@@ -359,9 +359,12 @@ __attribute__((target("avx2,fma"))) inline __m256 affine8(const uint32_t* words,
   return _mm256_add_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(codes8(words, bits, part, unpacked))), bias);
 }
 
-// dequantize_affine_row eight values at a time: the integer-to-float conversion is exact, and
-// _mm256_mul_ps / _mm256_add_ps round as the scalar product and sum.
-__attribute__((target("avx2,fma"))) void dequantize_affine_row_avx2(const Matrix& m, int64_t r, float* out) {
+// Row r of affine m in 32-column blocks: sink.block(col, w) with w[0..3] the block's weights eight at a time,
+// each made as the scalar dequantisation makes it (the integer-to-float conversion is exact, then
+// _mm256_mul_ps and _mm256_add_ps round as the scalar product and sum). Groups are multiples of 32 columns.
+template <typename Sink>
+__attribute__((target("avx2,fma"), always_inline)) inline void affine_row_blocks(const Matrix& m, int64_t r,
+                                                                                 Sink& sink) {
   const int64_t words_per_row = m.cols * m.bits / 32;
   const int64_t groups = m.cols / m.group_size;
   const uint32_t* row = static_cast<const uint32_t*>(m.data) + r * words_per_row;
@@ -374,36 +377,43 @@ __attribute__((target("avx2,fma"))) void dequantize_affine_row_avx2(const Matrix
       const int64_t col = g * m.group_size + c;
       const uint32_t* words = row + col * m.bits / 32;
       if (scalar_unpack) unpack32(words, m.bits, codes);
-      for (int part = 0; part < 4; ++part)
-        _mm256_storeu_ps(out + col + 8 * part, affine8(words, m.bits, part, codes, scale, bias));
+      const __m256 w[4] = {
+          affine8(words, m.bits, 0, codes, scale, bias), affine8(words, m.bits, 1, codes, scale, bias),
+          affine8(words, m.bits, 2, codes, scale, bias), affine8(words, m.bits, 3, codes, scale, bias)};
+      sink.block(col, w);
     }
   }
 }
 
-// dot(x, dequantize_affine_row(m, r)) without the row in memory: each weight is made as there (product, then
-// sum) and meets x in the canonical order (columns come in whole 32-column blocks: groups are multiples of
-// 32).
-__attribute__((target("avx2,fma"))) float dot_affine_avx2(const float* x, const Matrix& m, int64_t r) {
-  const int64_t words_per_row = m.cols * m.bits / 32;
-  const int64_t groups = m.cols / m.group_size;
-  const uint32_t* row = static_cast<const uint32_t*>(m.data) + r * words_per_row;
-  alignas(32) uint32_t codes[32];
-  const bool scalar_unpack = m.bits != 4 && m.bits != 6 && m.bits != 8;
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const __m256 scale = _mm256_set1_ps(scale_value(m.scales, m.scale_dtype, r * groups + g));
-    const __m256 bias = _mm256_set1_ps(scale_value(m.biases, m.scale_dtype, r * groups + g));
-    for (int64_t c = 0; c < m.group_size; c += 32) {
-      const int64_t col = g * m.group_size + c;
-      const uint32_t* words = row + col * m.bits / 32;
-      if (scalar_unpack) unpack32(words, m.bits, codes);
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col), affine8(words, m.bits, 0, codes, scale, bias), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col + 8), affine8(words, m.bits, 1, codes, scale, bias), a1);
-      a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col + 16), affine8(words, m.bits, 2, codes, scale, bias), a2);
-      a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col + 24), affine8(words, m.bits, 3, codes, scale, bias), a3);
-    }
+// The row written out (dequantize_affine_row).
+struct RowStore {
+  float* out;
+  __attribute__((target("avx2,fma"), always_inline)) void block(int64_t col, const __m256 (&w)[4]) {
+    for (int part = 0; part < 4; ++part) _mm256_storeu_ps(out + col + 8 * part, w[part]);
   }
-  const __m256 acc[4] = {a0, a1, a2, a3};
+};
+
+// dot(x, the row) in the canonical order, the row never in memory.
+struct RowDot {
+  const float* x;
+  __m256 a0, a1, a2, a3;
+  __attribute__((target("avx2,fma"), always_inline)) void block(int64_t col, const __m256 (&w)[4]) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col), w[0], a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col + 8), w[1], a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col + 16), w[2], a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + col + 24), w[3], a3);
+  }
+};
+
+__attribute__((target("avx2,fma"))) void dequantize_affine_row_avx2(const Matrix& m, int64_t r, float* out) {
+  RowStore sink{out};
+  affine_row_blocks(m, r, sink);
+}
+
+__attribute__((target("avx2,fma"))) float dot_affine_avx2(const float* x, const Matrix& m, int64_t r) {
+  RowDot sink{x, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  affine_row_blocks(m, r, sink);
+  const __m256 acc[4] = {sink.a0, sink.a1, sink.a2, sink.a3};
   return hsum_canonical(acc);
 }
 #endif
