@@ -59,6 +59,104 @@ void add_value(float* acc, float p, const Tensor& cache, int64_t t, int h, int d
   }
 }
 
+// Whether a step's rows sit at consecutive positions (a prefill piece always does).
+bool consecutive(const Tensor& positions) {
+  const int32_t first = *positions.row<int32_t>(0);
+  for (int64_t r = 1; r < positions.rows; ++r) {
+    if (*positions.row<int32_t>(r) != first + r) return false;
+  }
+  return true;
+}
+
+constexpr int kQueryBlock = 64;  // prefill rows per work item
+constexpr int kKeyBlock = 64;    // cache entries widened per copy
+
+// Keys [key0, key0 + n) of KV head h widened to f32: transposed (kt[i * kKeyBlock + j] = dim i of key j), the
+// B operand of the scores' product, or as rows (values, vt[j * d + i]).
+void widen_block(const Tensor& cache, int64_t key0, int64_t n, int h, int d, bool transpose, float* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t at = static_cast<int64_t>(h) * d;
+    for (int i = 0; i < d; ++i) {
+      const float v = cache.dtype == DType::kF32 ? cache.row<float>(key0 + j)[at + i]
+                                                 : bf16_to_f32(cache.row<uint16_t>(key0 + j)[at + i]);
+      out[transpose ? i * kKeyBlock + j : j * d + i] = v;
+    }
+  }
+}
+
+// Phase 2 of a prefill piece (rows at consecutive positions, no window): blocks of kQueryBlock rows meet
+// blocks of kKeyBlock cache entries on fma_product, so that each entry is widened once per block of rows, not
+// once per row. A row's sums still depend only on its position: each score is one multiply-add chain over
+// the head dims, each output element one chain over the positions 0 .. pos in ascending order (the bands stop
+// every row at its own position), whichever rows share its block; so pieces of any size give the same bits
+// (docs/DESIGN.md §4.6). Not the bits of a decode step's row (its dots take the canonical 32-lane order).
+void prefill_attention(const Exec& pool, const GatedAttentionArgs& a, const std::vector<float>& q,
+                       float scale) {
+  const int d = a.dims.head_dim, hq = a.dims.num_heads, hkv = a.dims.num_kv_heads, group = hq / hkv;
+  const int64_t rows = a.qg.rows;
+  const int64_t pos0 = *a.positions.row<int32_t>(0);
+  const int64_t blocks = (rows + kQueryBlock - 1) / kQueryBlock;
+  parallel_for(pool, static_cast<size_t>(blocks * hkv), 2.0 * kQueryBlock * group * d * (pos0 + rows),
+               [&](size_t begin, size_t end) {
+                 std::vector<float> kt(static_cast<size_t>(d) * kKeyBlock), vt(kt.size());
+                 std::vector<float> scores, out(static_cast<size_t>(group) * kQueryBlock * d);
+                 for (size_t item = begin; item < end; ++item) {
+                   const int kvh = static_cast<int>(static_cast<int64_t>(item) % hkv);
+                   const int64_t r0 = static_cast<int64_t>(item) / hkv * kQueryBlock;
+                   const int nq = static_cast<int>(std::min<int64_t>(kQueryBlock, rows - r0));
+                   const int64_t keys = pos0 + r0 + nq;  // the block's last row reads keys [0, keys)
+                   scores.resize(static_cast<size_t>(group) * kQueryBlock * keys);
+                   // Row i of the block (position pos0 + r0 + i) reads keys j < pos0 + r0 + i + 1: in a block
+                   // starting at key0 that is columns (or depth) < i + band.
+                   for (int64_t key0 = 0; key0 < keys; key0 += kKeyBlock) {
+                     const int nk = static_cast<int>(std::min<int64_t>(kKeyBlock, keys - key0));
+                     const int band = static_cast<int>(pos0 + r0 + 1 - key0);
+                     widen_block(a.cache.k, key0, nk, kvh, d, true, kt.data());
+                     for (int g = 0; g < group; ++g) {
+                       const int h = kvh * group + g;
+                       float* sg = scores.data() + static_cast<int64_t>(g) * kQueryBlock * keys;
+                       fma_product(nq, nk, band, d, d, {q.data() + (r0 * hq + h) * d, int64_t{hq} * d},
+                                   {kt.data(), kKeyBlock}, sg + key0, keys, false);
+                     }
+                   }
+                   for (int g = 0; g < group; ++g) {
+                     for (int i = 0; i < nq; ++i) {
+                       float* sc = scores.data() + (static_cast<int64_t>(g) * kQueryBlock + i) * keys;
+                       const int64_t n = pos0 + r0 + i + 1;
+                       for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] * scale;
+                       float mx = sc[0];
+                       for (int64_t t = 1; t < n; ++t) mx = std::max(mx, sc[t]);
+                       float sum = 0.0f;
+                       for (int64_t t = 0; t < n; ++t) {
+                         sc[t] = std::exp(sc[t] - mx);
+                         sum += sc[t];
+                       }
+                       for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] / sum;
+                     }
+                   }
+                   for (int64_t key0 = 0; key0 < keys; key0 += kKeyBlock) {
+                     const int nk = static_cast<int>(std::min<int64_t>(kKeyBlock, keys - key0));
+                     const int band = static_cast<int>(pos0 + r0 + 1 - key0);
+                     widen_block(a.cache.v, key0, nk, kvh, d, false, vt.data());
+                     for (int g = 0; g < group; ++g) {
+                       const float* pg = scores.data() + static_cast<int64_t>(g) * kQueryBlock * keys + key0;
+                       fma_product(nq, d, d, nk, band, {pg, keys}, {vt.data(), d},
+                                   out.data() + static_cast<int64_t>(g) * kQueryBlock * d, d, key0 > 0);
+                     }
+                   }
+                   for (int i = 0; i < nq; ++i) {
+                     for (int g = 0; g < group; ++g) {
+                       const int h = kvh * group + g;
+                       const float* gate = a.qg.row<float>(r0 + i) + int64_t{h} * 2 * d + d;
+                       float* o = a.out.row<float>(r0 + i) + int64_t{h} * d;
+                       const float* ag = out.data() + (static_cast<int64_t>(g) * kQueryBlock + i) * d;
+                       for (int e = 0; e < d; ++e) o[e] = ag[e] * sigmoid(gate[e]);
+                     }
+                   }
+                 }
+               });
+}
+
 }  // namespace
 
 void gated_attention(const Exec& pool, const GatedAttentionArgs& a, const float* q_norm,
@@ -100,6 +198,10 @@ void gated_attention(const Exec& pool, const GatedAttentionArgs& a, const float*
   // for each query head of the group (first = 0, or the window's start), then the sigmoid output gate. The
   // order depends only on the row's position.
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  if (a.prefill && a.window == 0 && consecutive(a.positions)) {
+    prefill_attention(pool, a, q, scale);
+    return;
+  }
   const double context = 1.0 + *a.positions.row<int32_t>(rows - 1);
   parallel_for(
       pool, static_cast<size_t>(rows * hkv), 2.0 * group * d * context, [&](size_t begin, size_t end) {

@@ -105,8 +105,9 @@ struct RunResult {
   std::vector<float> out, cache_k, cache_v;
 };
 
-// Runs the sequence through the op in steps of the given sizes.
-RunResult run(const AttnCase& c, const std::vector<int64_t>& steps, int threads, DType cache_dtype) {
+// Runs the sequence through the op in steps of the given sizes (as prefill pieces with `prefill`).
+RunResult run(const AttnCase& c, const std::vector<int64_t>& steps, int threads, DType cache_dtype,
+              bool prefill = false) {
   auto be = test::cpu_backend(threads);
   const AttentionDims& d = c.dims;
   const int64_t q = int64_t{d.num_heads} * d.head_dim, kv = int64_t{d.num_kv_heads} * d.head_dim;
@@ -131,7 +132,8 @@ RunResult run(const AttnCase& c, const std::vector<int64_t>& steps, int threads,
                                           .k_norm = kn,
                                           .positions = pt.tensor(),
                                           .cache = {.k = ck.tensor(), .v = cv.tensor()},
-                                          .out = out.row_slice(t0, n)});
+                                          .out = out.row_slice(t0, n),
+                                          .prefill = prefill});
     EXPECT_TRUE(s.is_ok()) << s.to_string();
     t0 += n;
   }
@@ -166,6 +168,26 @@ TEST(CpuAttention, RowExactAndThreadIndependent) {
         EXPECT_TRUE(test::bitwise_equal(r.out, one.out)) << threads << " threads, " << dtype_name(dt);
         EXPECT_TRUE(test::bitwise_equal(r.cache_k, one.cache_k));
         EXPECT_TRUE(test::bitwise_equal(r.cache_v, one.cache_v));
+      }
+    }
+  }
+}
+
+// Prefill pieces take blocks of 64 rows x 64 cache entries: against the reference, and bitwise the same
+// whatever the pieces (docs/DESIGN.md §4.6), here across several row and entry blocks and with pieces that
+// start inside a block.
+TEST(CpuAttention, PrefillPiecesMatchTheReferenceAndEachOther) {
+  std::mt19937 rng(23);
+  const AttnCase c = make_attn_case(rng, 150);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const RunResult one = run(c, {150}, 1, dt, true);
+    EXPECT_LT(test::rel_err(one.out, naive_attention(c, dt == DType::kBF16)), dt == DType::kF32 ? 2e-6 : 2e-3)
+        << dtype_name(dt);
+    for (const auto& steps : std::vector<std::vector<int64_t>>{{64, 86}, {3, 61, 64, 22}, {1, 100, 49}}) {
+      for (int threads : {1, 3}) {
+        const RunResult r = run(c, steps, threads, dt, true);
+        EXPECT_TRUE(test::bitwise_equal(r.out, one.out)) << threads << " threads, " << dtype_name(dt);
+        EXPECT_TRUE(test::bitwise_equal(r.cache_k, one.cache_k));
       }
     }
   }
