@@ -59,6 +59,18 @@ void add_value(float* acc, float p, const Tensor& cache, int64_t t, int h, int d
   }
 }
 
+// sc[0..n) in place by its softmax: the max, then each exp(s - max) summed in ascending order, then divided.
+void softmax(float* sc, int64_t n) {
+  float mx = sc[0];
+  for (int64_t t = 1; t < n; ++t) mx = std::max(mx, sc[t]);
+  float sum = 0.0f;
+  for (int64_t t = 0; t < n; ++t) {
+    sc[t] = std::exp(sc[t] - mx);
+    sum += sc[t];
+  }
+  for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] / sum;
+}
+
 // Whether a step's rows sit at consecutive positions (a prefill piece always does).
 bool consecutive(const Tensor& positions) {
   const int32_t first = *positions.row<int32_t>(0);
@@ -124,14 +136,7 @@ void prefill_attention(const Exec& pool, const GatedAttentionArgs& a, const std:
                        float* sc = scores.data() + (static_cast<int64_t>(g) * kQueryBlock + i) * keys;
                        const int64_t n = pos0 + r0 + i + 1;
                        for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] * scale;
-                       float mx = sc[0];
-                       for (int64_t t = 1; t < n; ++t) mx = std::max(mx, sc[t]);
-                       float sum = 0.0f;
-                       for (int64_t t = 0; t < n; ++t) {
-                         sc[t] = std::exp(sc[t] - mx);
-                         sum += sc[t];
-                       }
-                       for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] / sum;
+                       softmax(sc, n);
                      }
                    }
                    for (int64_t key0 = 0; key0 < keys; key0 += kKeyBlock) {
@@ -219,17 +224,7 @@ void gated_attention(const Exec& pool, const GatedAttentionArgs& a, const float*
             for (int g = 0; g < group; ++g)
               scores[g * n + t] = key_dot(a.cache.k, first + t, kvh, d, qr + int64_t{g} * d) * scale;
           }
-          for (int g = 0; g < group; ++g) {
-            float* sc = scores.data() + g * n;
-            float mx = sc[0];
-            for (int64_t t = 1; t < n; ++t) mx = std::max(mx, sc[t]);
-            float sum = 0.0f;
-            for (int64_t t = 0; t < n; ++t) {
-              sc[t] = std::exp(sc[t] - mx);
-              sum += sc[t];
-            }
-            for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] / sum;
-          }
+          for (int g = 0; g < group; ++g) softmax(scores.data() + g * n, n);
           // Each output element sums its terms in ascending position.
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int64_t t = 0; t < n; ++t) {
