@@ -204,13 +204,13 @@ TEST_F(CudaPrefill, MatmulsEqualMatmulPerTarget) {
   }
 }
 
-// With PD_MMA_TMA=1, Hopper builds (sm_90a) run the bf16 products of matmul and matmuls on wgmma
+// Hopper builds (sm_90a) run the bf16 products of matmul and matmuls on wgmma
 // (gemm_tma.cu); the mma.sync kernel agrees to rounding, and both with a double product: one to four parts,
 // activation rows and weight rows cutting the 128 x 256 tiles short, columns ending inside a 64-column stage,
 // overwrite and add. Two runs give the same bits.
 TEST_F(CudaPrefill, TmaProductsAgreeWithMmaSync) {
   if (!cuda::mma_tma_available()) {
-    GTEST_SKIP() << "PD_MMA_TMA=1 unset, or not an sm_90a build on a compute capability 9.0 device";
+    GTEST_SKIP() << "PD_MMA_TMA=0, or not an sm_90a build on a compute capability 9.0 device";
   }
   const std::vector<int64_t> widths = {1100, 37, 1, 300};
   auto device_copy = [](const void* host, size_t bytes) {

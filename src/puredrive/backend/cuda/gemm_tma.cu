@@ -533,7 +533,7 @@ void launch_moe(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream
 }  // namespace
 
 bool mma_tma_available() {
-  static const bool on = env_switch_set("PD_MMA_TMA");
+  static const bool on = env_switch_on("PD_MMA_TMA");
   return on && device_has_wgmma();
 }
 

@@ -20,11 +20,6 @@ inline bool env_switch_on(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr || v[0] != '0';
 }
-// An opt-in switch: on only when set, and not to 0.
-inline bool env_switch_set(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] != '\0' && v[0] != '0';
-}
 
 constexpr int kMaxRows = 8;  // rows one launch of a weight-reading kernel handles (registers per thread)
 constexpr int kBlock = 256;  // threads of a matrix-vector block: 8 warps, one output row per warp at a time
@@ -138,8 +133,8 @@ void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream);
 void init_mma_kernels();
 // The same products on Hopper's wgmma fed by the tensor memory accelerator (gemm_tma.cu), for jobs of bf16
 // matrices: plain parts on one activation input, or (at most two parts) grouped experts and gate/up pairs.
-// Opt-in (PD_MMA_TMA=1) until its tests have passed on the H200 (docs/DESIGN.md §8, 2026-12-04); then on
-// wherever the build has sm_90a code and the device is compute capability 9.0. The choice depends on the
+// On wherever the build has sm_90a code and the device is compute capability 9.0 (PD_MMA_TMA=0: mma.sync
+// everywhere; docs/DESIGN.md §8, 2026-12-05). The choice depends on the
 // matrices alone, so a matrix's prefill rows always come from one kernel (chunking invariance). Precision and
 // order as above (hi*w, then lo*w, per k16 step): the results agree with launch_mma's to rounding, not
 // bitwise. m_tiles as for launch_mma; scratch: mma_tma_scratch_bytes, for the activations' bf16 hi and lo
