@@ -26,7 +26,7 @@ struct BenchArgs {
   int runs = 1;
   int verify_rows = 3;
   int verify_iters = 16;
-  int prefill_chunk = 2048;
+  int prefill_chunk = 0;      // 0: choose_prefill_chunk (model/memory_plan.h) for the largest cell
   int prefill_runs = 1;       // --synth: prefills of each cell's prompt (their median is reported)
   int profile_steps = 0;      // eager one-row steps timed op by op after the timed phases (CUDA)
   int profile_rows = 1;       // rows of the last profiled step, the one marked for kernel profilers

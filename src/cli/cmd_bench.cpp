@@ -31,6 +31,7 @@
 #include "cli/command.h"
 #include "cli/synth_model.h"
 #include "puredrive/backend/backend.h"
+#include "puredrive/model/memory_plan.h"
 #include "puredrive/model/model.h"
 #include "puredrive/model/synthetic_fill.h"
 #ifdef PD_HAVE_CUDA
@@ -420,7 +421,7 @@ nlohmann::json run_context(const BenchArgs& a, Model& m, const SynthModel& sm, i
                                                 generated.begin() + std::min<size_t>(16, generated.size()))}};
 }
 
-void run_bench(const BenchArgs& a) {
+void run_bench(BenchArgs a) {
   if (!a.model.empty() && !a.synth.empty()) {
     fail(make_error(ErrorCode::kInvalidArgument, "bench takes --synth ARCH or --model DIR, not both"));
   }
@@ -438,8 +439,14 @@ void run_bench(const BenchArgs& a) {
   const double bandwidth = copy_bandwidth(be, int64_t{copy_mib} << 20);
 
   const auto b0 = Clock::now();
+  const int64_t available = be.available_memory();  // before the weights, as a session plans
   std::unique_ptr<SynthModel> sm =
       check(make_synth_model(a.synth, a.quant, a.seed, be.device() == Device::kCpu));
+  if (a.prefill_chunk == 0) {
+    a.prefill_chunk =
+        choose_prefill_chunk(sm->config, be.device() != Device::kCpu,
+                             *std::max_element(contexts.begin(), contexts.end()), available, 0, 8);
+  }
   std::unique_ptr<Model> model = check(create_model(sm->config, sm->weights, be,
                                                     {.max_rows = a.prefill_chunk,
                                                      .max_logit_rows = 8,
@@ -555,10 +562,10 @@ void setup_bench(CLI::App& app) {
       ->check(CLI::Range(2, 8));
   cmd->add_option("--verify-iters", args->verify_iters, "Timed verify steps per width (--synth)")
       ->check(CLI::Range(1, 10000));
-  auto* chunk =
-      cmd->add_option("--prefill-chunk", args->prefill_chunk, "Rows per prefill step (prefill kernels)")
-          ->check(CLI::Range(1, 16384))
-          ->capture_default_str();
+  auto* chunk = cmd->add_option("--prefill-chunk", args->prefill_chunk,
+                                "Rows per prefill step (0: as a session chooses, for the largest cell)")
+                    ->check(CLI::Range(0, 16384))
+                    ->capture_default_str();
   cmd->add_option("--prefill-runs", args->prefill_runs,
                   "Prefills of each cell's prompt (--synth, --fill real); the median is reported")
       ->check(CLI::Range(1, 20));

@@ -314,7 +314,7 @@ void run_bench_model(const BenchArgs& a) {
         {"prefill", "real prefill of the repository's source text, exact token counts"},
         {"warmup", "one untimed 16-token greedy generation per greedy mode before the cells"},
         {"prompt_files", prompts.size()},
-        {"prefill_chunk_rows", a.prefill_chunk},
+        {"prefill_chunk_rows", s->model->max_rows()},
         {"kv_dtype", "bf16"},
         {"session_ctx_size", plan.ctx_size},
         {"floor",

@@ -43,7 +43,7 @@ struct ServeArgs {
   int mtp_draft = 2;
   bool mtp_adaptive = true;
   int mtp_draft_vocab = 0, mtp_window = 0;
-  int prefill_chunk = kDefaultPrefillChunk;
+  int prefill_chunk = 0;  // chosen by the session
   std::string prefix_cache = "on";
   int prefix_cache_mib = -1;  // -1: from the memory free after loading
   int prefix_cache_host_mib = -1;
@@ -324,8 +324,8 @@ void setup_serve(CLI::App& app) {
   cmd->add_option(
          "--prefill-chunk", args->prefill_chunk,
          "Prompt rows per prefill step (bounds the step workspaces; a cancelled request stops between "
-         "chunks)")
-      ->check(CLI::Range(1, kMaxPrefillChunk))
+         "chunks; 0: 8192 on a GPU where the memory plan allows, else 4096 or 2048; 2048 on the CPU)")
+      ->check(CLI::Range(0, kMaxPrefillChunk))
       ->capture_default_str();
   cmd->add_option("--prefix-cache", args->prefix_cache,
                   "Reuse the cached state of earlier prompts' prefixes (exact: outputs do not change)")

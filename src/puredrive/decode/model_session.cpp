@@ -16,8 +16,8 @@ Expected<std::unique_ptr<ModelSession>> ModelSession::open(const SessionOptions&
   auto s = std::make_unique<ModelSession>();
   PD_ASSIGN_OR_RETURN(s->backend, create_backend({.name = o.backend, .threads = o.threads}));
   PD_LOG_INFO("backend: {}{}", s->backend->name(), o.backend == "auto" ? " (--backend auto)" : "");
-  if (o.prefill_chunk < 1 || o.prefill_chunk > kMaxPrefillChunk) {
-    return make_error(ErrorCode::kInvalidArgument, "prefill chunk must be 1..{} rows, got {}",
+  if (o.prefill_chunk < 0 || o.prefill_chunk > kMaxPrefillChunk) {
+    return make_error(ErrorCode::kInvalidArgument, "prefill chunk must be 1..{} rows (0: chosen), got {}",
                       kMaxPrefillChunk, o.prefill_chunk);
   }
   if (o.mtp_window > 0 && s->backend->device() != Device::kCpu) {
@@ -27,12 +27,18 @@ Expected<std::unique_ptr<ModelSession>> ModelSession::open(const SessionOptions&
                       s->backend->name());
   }
   PD_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(o.model_dir));
-  const int max_rows = std::max(o.prefill_chunk, o.max_draft + 1);
-  // All logits only for verify steps and the row-exactness gate (steps of up to 8 rows).
-  const int logit_rows = std::min(max_rows, std::max(8, o.max_draft + 1));
-  int64_t workspace = step_workspace_bytes(config, max_rows, logit_rows);
   // A device holds the draft vocabulary's rows of lm_head once more (at most 2 bytes per weight).
-  if (s->backend->device() != Device::kCpu) workspace += int64_t{o.mtp_draft_vocab} * config.hidden_size * 2;
+  const bool gpu = s->backend->device() != Device::kCpu;
+  const int64_t draft_vocab_bytes = gpu ? int64_t{o.mtp_draft_vocab} * config.hidden_size * 2 : 0;
+  // All logits only for verify steps and the row-exactness gate (steps of up to 8 rows).
+  const int verify_logit_rows = std::max(8, o.max_draft + 1);
+  const int chunk = o.prefill_chunk > 0
+                        ? o.prefill_chunk
+                        : choose_prefill_chunk(config, gpu, o.ctx_size, s->backend->available_memory(),
+                                               draft_vocab_bytes, verify_logit_rows);
+  const int max_rows = std::max(chunk, o.max_draft + 1);
+  const int logit_rows = std::min(max_rows, verify_logit_rows);
+  const int64_t workspace = step_workspace_bytes(config, max_rows, logit_rows) + draft_vocab_bytes;
   // Measured before anything is loaded, as the plan counts the weights itself; the step workspaces come off
   // the top.
   const int64_t available = s->backend->available_memory() - workspace;
@@ -44,9 +50,10 @@ Expected<std::unique_ptr<ModelSession>> ModelSession::open(const SessionOptions&
   s->load.map_seconds = seconds_since(t_map);
   PD_ASSIGN_OR_RETURN(s->plan, plan_context(s->checkpoint.config, &s->checkpoint.weights, o.ctx_size,
                                             available, o.model_dir));
-  PD_LOG_INFO("memory plan: {} of {} available on {} (after {} of step workspace for {}-row prefill chunks)",
-              describe_plan(s->plan), format_bytes(static_cast<double>(available)), s->backend->name(),
-              format_bytes(static_cast<double>(workspace)), max_rows);
+  PD_LOG_INFO(
+      "memory plan: {} of {} available on {} (after {} of step workspace for {}-row prefill chunks{})",
+      describe_plan(s->plan), format_bytes(static_cast<double>(available)), s->backend->name(),
+      format_bytes(static_cast<double>(workspace)), max_rows, o.prefill_chunk > 0 ? "" : ", chosen");
   const auto t_up = std::chrono::steady_clock::now();
   {
     // The CPU backend uses the mapped weights in place: nothing to report there.

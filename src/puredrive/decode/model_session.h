@@ -21,7 +21,6 @@
 
 namespace pd {
 
-inline constexpr int kDefaultPrefillChunk = 2048;
 inline constexpr int kMaxPrefillChunk = 16384;
 
 struct SessionOptions {
@@ -30,9 +29,10 @@ struct SessionOptions {
   int threads = 0;               // CPU threads, <= 0: all cores
   int ctx_size = 0;              // 0: max_position_embeddings, or the largest context that fits
   DType kv_dtype = DType::kBF16;
-  // Rows per prefill step (the model's max rows is at least max_draft + 1). The step workspaces grow with
-  // it (step_workspace_bytes in model/memory_plan.h), and the memory plan leaves room for them.
-  int prefill_chunk = kDefaultPrefillChunk;
+  // Rows per prefill step (the model's max rows is at least max_draft + 1); 0: choose_prefill_chunk in
+  // model/memory_plan.h. The step workspaces grow with it (step_workspace_bytes), and the memory plan leaves
+  // room for them.
+  int prefill_chunk = 0;
   int max_draft = 4;
   bool mtp = true;  // attach the MTP drafter when the checkpoint has a head
   // Draft-side approximations of the MTP head (ModelOptions, docs/DESIGN.md §4.8); 0: off.

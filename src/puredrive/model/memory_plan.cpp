@@ -266,8 +266,21 @@ int64_t step_workspace_bytes(const ModelConfig& c, int64_t rows, int64_t logit_r
   // MoE prefill scratch (backend/cuda/moe_grouped.cu): router logits and the expert lists, the shared gate,
   // selections and weights, activations and outputs of every selected expert and of the shared one.
   per_row += 2 * E + 1 + 2 * K + K * (I + H) + Is + H;
+  // The wgmma products' bf16 hi and lo copies of their inputs (backend/cuda/gemm_tma.cu), one scratch sized
+  // for the largest: the gate/up job's gathered rows, padded to 64 per expert, and the shared expert's rows.
+  const int64_t tma_copies = (K + 1) * H * rows + 64 * E * H;
   const int64_t logits = logit_rows * c.vocab_size * (mtp ? 2 : 1);
-  return 4 * (per_row * rows + logits);
+  return 4 * (per_row * rows + tma_copies + logits);
+}
+
+int choose_prefill_chunk(const ModelConfig& c, bool gpu, int64_t ctx, int64_t available,
+                         int64_t other_workspace, int logit_rows) {
+  if (!gpu) return kSmallPrefillChunk;
+  const int64_t plan = plan_memory(c, nullptr, ctx > 0 ? ctx : c.max_position_embeddings).total_bytes();
+  for (const int rows : {4 * kSmallPrefillChunk, 2 * kSmallPrefillChunk}) {
+    if (plan + other_workspace + step_workspace_bytes(c, rows, logit_rows) <= available) return rows;
+  }
+  return kSmallPrefillChunk;
 }
 
 Expected<MemoryPlan> plan_context(const ModelConfig& c, const ModelWeights* weights, int64_t requested,

@@ -171,6 +171,27 @@ TEST(PlanContext, NoMaxPositionEmbeddingsNeedsAnExplicitContext) {
   EXPECT_EQ(explicit_ctx->ctx_size, 4096);
 }
 
+TEST(PrefillChunk, LargestThatKeepsTheContext) {
+  const ModelConfig c = config("qwen3.5-35b-a3b");
+  const int64_t other = 1 << 20;
+  // A step workspace grows with its rows, and by more than the hi/lo copies' per-row bytes (a sanity bound
+  // computed by hand: 9 x 2048 floats per row for the wgmma products' copies alone).
+  const int64_t w2 = step_workspace_bytes(c, 2048, 8), w4 = step_workspace_bytes(c, 4096, 8),
+                w8 = step_workspace_bytes(c, 8192, 8);
+  EXPECT_EQ(w8 - w4, 2 * (w4 - w2));
+  EXPECT_GT(w4 - w2, int64_t{2048} * 9 * 2048 * 4);
+  for (const int64_t ctx : {int64_t{0}, int64_t{32768}}) {
+    const int64_t plan = plan_memory(c, nullptr, ctx > 0 ? ctx : 262144).total_bytes() + other;
+    EXPECT_EQ(choose_prefill_chunk(c, true, ctx, plan + w8, other, 8), 8192) << ctx;
+    EXPECT_EQ(choose_prefill_chunk(c, true, ctx, plan + w8 - 1, other, 8), 4096) << ctx;
+    EXPECT_EQ(choose_prefill_chunk(c, true, ctx, plan + w4, other, 8), 4096) << ctx;
+    EXPECT_EQ(choose_prefill_chunk(c, true, ctx, plan + w4 - 1, other, 8), 2048) << ctx;
+    // Too little memory for any: the smallest, and the plan then shrinks the context (or refuses).
+    EXPECT_EQ(choose_prefill_chunk(c, true, ctx, plan / 2, other, 8), 2048) << ctx;
+    EXPECT_EQ(choose_prefill_chunk(c, false, ctx, int64_t{1} << 50, other, 8), 2048) << ctx;
+  }
+}
+
 TEST(MemoryPlan, MeasuredOnLoadedWeightsAgreesWithConfigEstimate) {
   testing_util::TempDir dir;
   testing_util::TinySpec spec;

@@ -49,12 +49,12 @@ struct TmaJob {                 // 64-byte aligned, as CUtensorMap is
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The block's part (grid y runs over the parts' weight-row tiles) and its tile within the part.
-__device__ __forceinline__ void block_part(const int* n_tiles_end, int parts, int* p, int* nt) {
+// The part of weight-row tile `tile` (the parts' tiles counted in turn) and its tile within the part.
+__device__ __forceinline__ void block_part(int tile, const int* n_tiles_end, int parts, int* p, int* nt) {
   int q = 0;
-  while (q + 1 < parts && static_cast<int>(blockIdx.y) >= n_tiles_end[q]) ++q;
+  while (q + 1 < parts && tile >= n_tiles_end[q]) ++q;
   *p = q;
-  *nt = static_cast<int>(blockIdx.y) - (q == 0 ? 0 : n_tiles_end[q - 1]);
+  *nt = tile - (q == 0 ? 0 : n_tiles_end[q - 1]);
 }
 
 // The ring's start in dynamic shared memory: swizzled tiles need 1024-byte alignment (kSmem and kGSmem keep
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1) tma_mma_kernel(const __grid_const
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* const empty = full + kStages;
   int p = 0, nt = 0;
-  block_part(j.n_tiles_end, j.parts, &p, &nt);
+  block_part(static_cast<int>(blockIdx.y), j.n_tiles_end, j.parts, &p, &nt);
   const int m0 = static_cast<int>(blockIdx.x) * kRows;
   const int tid = static_cast<int>(threadIdx.x);
   init_stages(full, empty, kStages);
@@ -236,9 +236,12 @@ __global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_const
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kGStages * kGStageBytes);
   uint64_t* const empty = full + kGStages;
   __shared__ int s_dst[kGRows];
+  // Grid x runs over the weight-row tiles, so the blocks of one activation tile run together: the tile comes
+  // from DRAM once (x over the activation tiles re-read every tile of the gathered rows, over 100 MB, once per
+  // weight tile), and an expert's tiles are neighbours too, so its weights come from DRAM about once.
   int p = 0, nt = 0;
-  block_part(j.n_tiles_end, j.parts, &p, &nt);
-  const int t = static_cast<int>(blockIdx.x);
+  block_part(static_cast<int>(blockIdx.x), j.n_tiles_end, j.parts, &p, &nt);
+  const int t = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x);
   init_stages(full, empty, kGStages);
   pdl_wait();  // the activations, and a grouped part's lists
@@ -526,7 +529,7 @@ void launch_moe(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream
   t.parts = j.parts;
   t.dual = j.dual;
   t.accumulate = j.accumulate;
-  launch_pdl(tma_moe_kernel, dim3(static_cast<unsigned>(m_tiles), static_cast<unsigned>(tiles)),
+  launch_pdl(tma_moe_kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(m_tiles)),
              dim3(kThreads), kGSmem, stream, t);
 }
 
