@@ -67,12 +67,26 @@ __device__ inline PrefillScratch prefill_scratch(const GdnLaunch& g) {
 }
 
 // Rows [0, L) of a [64, cols] slice (row i at src + i * stride) into a shared tile of row pitch `pitch`,
-// zeros in rows L..63. The copies are asynchronous, so all of a tile's are in flight at once (one memory
-// latency, not one per trip of a loop); they land at copy_async_wait_all(), and the caller's next barrier
-// publishes them.
+// zeros in rows L..63, by a block of NT threads. The copies are asynchronous, so all of a tile's are in
+// flight at once (one memory latency, not one per trip of a loop); they land at copy_async_wait_all(), and
+// the caller's next barrier publishes them. `quads`: 16-byte copies, for cols, pitch and stride multiples of
+// 4 and 16-byte aligned src and dst.
+template <int NT = kThreads>
 __device__ __forceinline__ void stage_rows(float* dst, int pitch, const float* src, int64_t stride, int L,
-                                           int cols) {
-  for (int e = static_cast<int>(threadIdx.x); e < kChunk * cols; e += kThreads) {
+                                           int cols, bool quads = false) {
+  if (quads) {
+    const int q = cols / 4;
+    for (int e = static_cast<int>(threadIdx.x); e < kChunk * q; e += NT) {
+      const int i = e / q, d = 4 * (e % q);
+      if (i < L) {
+        copy16_async(dst + i * pitch + d, src + i * stride + d);
+      } else {
+        *reinterpret_cast<float4*>(dst + i * pitch + d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+    return;
+  }
+  for (int e = static_cast<int>(threadIdx.x); e < kChunk * cols; e += NT) {
     const int i = e / cols, d = e % cols;
     if (i < L) {
       copy4_async(dst + i * pitch + d, src + i * stride + d);
@@ -81,10 +95,11 @@ __device__ __forceinline__ void stage_rows(float* dst, int pitch, const float* s
     }
   }
 }
-// After copy_async_wait_all(): each thread multiplies the elements it staged (stage_rows' mapping) by their
-// row's factor.
+// Each of NT threads multiplies elements of rows 0..L-1 by their row's factor (after the staged rows landed
+// and a barrier published them, or for the elements this thread staged).
+template <int NT = kThreads>
 __device__ __forceinline__ void scale_rows(float* dst, int pitch, int L, int cols, const float* row_scale) {
-  for (int e = static_cast<int>(threadIdx.x); e < L * cols; e += kThreads) {
+  for (int e = static_cast<int>(threadIdx.x); e < L * cols; e += NT) {
     const int i = e / cols, d = e % cols;
     dst[i * pitch + d] *= row_scale[i];
   }
@@ -300,23 +315,32 @@ __global__ void __launch_bounds__(kThreads)
       Ts, L, DK, [&](int m, int d) { return Ks[m * KS + d] * BGs[m]; }, W, w_stride);
 }
 
+// The state kernel's blocks: fewer threads than the others, so each thread holds more sums in registers
+// and reads shared memory less per multiply-add (its time was shared-memory reads: L1 88% busy at 256
+// threads with four sums each).
+constexpr int kStateThreads = 128;
+
+// Row pitch of the state kernel's W and K tiles: float4 rows, and 8 rows' float4s in 8 different bank groups.
+template <int DK>
+constexpr int kStatePitch = DK + 4;
+
 size_t state_smem_floats(int dk, int cols) {
-  return static_cast<size_t>(dk) * cols + 2 * static_cast<size_t>(kChunk) * (dk + 1) + kChunk * cols +
+  return static_cast<size_t>(dk) * cols + 2 * static_cast<size_t>(kChunk) * (dk + 4) + kChunk * cols +
          3 * kChunk;
 }
 
-// A block of the state kernel owns COLS state columns: thread (rg, cq) owns columns 4 cq .. 4 cq + 3 and
-// the chunk rows rg + kRowGroups r (StateTiling<COLS>::kRows of them).
+// A block of the state kernel owns COLS state columns: thread (rg, cq) owns columns 4 cq .. 4 cq + 3, the
+// chunk rows rg + kRowGroups r (kRows of them) of v', and the state rows 4 (rg + kRowGroups k) + j.
 template <int COLS>
 struct StateTiling {
   static constexpr int kColGroups = COLS / 4;
-  static constexpr int kRowGroups = kThreads / kColGroups;
+  static constexpr int kRowGroups = kStateThreads / kColGroups;
   static constexpr int kRows = kChunk / kRowGroups;
   static_assert(kRows * kRowGroups == kChunk, "whole chunk rows per thread");
 };
 
-// The chunk's 64 rows of A (staged, [64][DK + 1]) times the state block, the thread's rows and columns
-// (StateTiling), each summed over the key dim in ascending order.
+// The chunk's 64 rows of A (staged, [64][kStatePitch]) times the state block, the thread's rows and columns
+// (StateTiling), each summed over the key dim in ascending order; four key dims per shared-memory read.
 template <int DK, int COLS>
 __device__ __forceinline__ void times_state(const float* As, const float* Ss, int rg, int cq,
                                             float acc[StateTiling<COLS>::kRows][4]) {
@@ -326,15 +350,25 @@ __device__ __forceinline__ void times_state(const float* As, const float* Ss, in
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[r][q] = 0.0f;
   }
-  for (int d = 0; d < DK; ++d) {
-    const float4 sv = *reinterpret_cast<const float4*>(Ss + d * COLS + 4 * cq);
+  for (int d = 0; d < DK; d += 4) {
+    float sv[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 v = *reinterpret_cast<const float4*>(Ss + (d + j) * COLS + 4 * cq);
+      sv[j][0] = v.x;
+      sv[j][1] = v.y;
+      sv[j][2] = v.z;
+      sv[j][3] = v.w;
+    }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float a = As[(rg + kRowGroups * r) * (DK + 1) + d];
-      acc[r][0] = fmaf(a, sv.x, acc[r][0]);
-      acc[r][1] = fmaf(a, sv.y, acc[r][1]);
-      acc[r][2] = fmaf(a, sv.z, acc[r][2]);
-      acc[r][3] = fmaf(a, sv.w, acc[r][3]);
+      const float4 a4 = *reinterpret_cast<const float4*>(As + (rg + kRowGroups * r) * kStatePitch<DK> + d);
+      const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[r][q] = fmaf(a[j], sv[j][q], acc[r][q]);
+      }
     }
   }
 }
@@ -343,7 +377,7 @@ __device__ __forceinline__ void times_state(const float* As, const float* Ss, in
 // order. Only this chain is sequential, so it does no more than it must: the outputs are the out kernel's.
 // Chunk c + 1's W comes in while chunk c's state is updated, and chunk c's K while its v' is computed.
 template <int DK, int COLS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kStateThreads)
     gdn_prefill_state_kernel(GdnLaunch g, int seg_rows, int first_len, int n_chunks) {
   pdl_enter();
   extern __shared__ __align__(16) float smem[];
@@ -352,9 +386,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t C = channels_of(g);
   const int h = static_cast<int>(blockIdx.x), col0 = static_cast<int>(blockIdx.y) * COLS;
   constexpr int kRows = StateTiling<COLS>::kRows, kRowGroups = StateTiling<COLS>::kRowGroups;
+  constexpr int AS = kStatePitch<DK>;
   const int kh = h / (hv / g.num_k_heads);
   const PrefillScratch s = prefill_scratch(g);
-  constexpr int AS = DK + 1;
   float* Ss = smem;                // [DK][COLS]: the state block
   float* Ws = Ss + DK * COLS;      // [64][AS]: W
   float* Ks = Ws + kChunk * AS;    // [64][AS]: K e^(G_last - G)
@@ -364,14 +398,19 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = static_cast<int>(threadIdx.x);
   const int cq = tid % StateTiling<COLS>::kColGroups, rg = tid / StateTiling<COLS>::kColGroups;
   const int64_t u_stride = int64_t{hv} * dv, w_stride = int64_t{hv} * DK;
+  const float* w_src = s.w + static_cast<int64_t>(h) * DK;
+  const float* k_src = s.xn + key_dim + kh * DK;
+  // 16-byte copies where the rows allow them (every shape but odd test ones).
+  const bool quads = w_stride % 4 == 0 && C % 4 == 0 && reinterpret_cast<uintptr_t>(w_src) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(k_src) % 16 == 0;
   float* state = g.recurrent + static_cast<int64_t>(h) * DK * dv;
-  for (int e = tid; e < DK * COLS; e += kThreads) {
+  for (int e = tid; e < DK * COLS; e += kStateThreads) {
     const int d = e / COLS, col = col0 + e % COLS;
     Ss[e] = col < dv ? state[static_cast<int64_t>(d) * dv + col] : 0.0f;
   }
   auto stage_w = [&](int c) {
     const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
-    stage_rows(Ws, AS, s.w + start * w_stride + static_cast<int64_t>(h) * DK, w_stride, L, DK);
+    stage_rows<kStateThreads>(Ws, AS, w_src + start * w_stride, w_stride, L, DK, quads);
     if (tid < kChunk) {
       Gb[(c & 1) * kChunk + tid] = tid < L ? s.G[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;
     }
@@ -383,9 +422,9 @@ __global__ void __launch_bounds__(kThreads)
     const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
     const float* G = Gb + (c & 1) * kChunk;
     // K comes into the buffer the last chunk's update has left (behind its closing barrier).
-    stage_rows(Ks, AS, s.xn + start * C + key_dim + kh * DK, C, L, DK);
+    stage_rows<kStateThreads>(Ks, AS, k_src + start * C, C, L, DK, quads);
     float* snap = s.snap + (static_cast<int64_t>(c) * hv + h) * DK * dv;
-    for (int e = tid; e < DK * COLS; e += kThreads) {
+    for (int e = tid; e < DK * COLS; e += kStateThreads) {
       const int d = e / COLS, col = col0 + e % COLS;
       if (col < dv) snap[static_cast<int64_t>(d) * dv + col] = Ss[e];
     }
@@ -412,31 +451,42 @@ __global__ void __launch_bounds__(kThreads)
     }
     copy_async_wait_all();
     __syncthreads();  // v', the decays and K are in; W is no longer read
-    scale_rows(Ks, AS, L, DK, KDs);
+    scale_rows<kStateThreads>(Ks, AS, L, DK, KDs);
     if (c + 1 < n_chunks) stage_w(c + 1);
     __syncthreads();
 
-    // S <- e^G_last S + (K e^(G_last - G))^T v': thread (rg, cq) owns state rows rg + kRowGroups k.
-    for (int d = rg; d < DK; d += kRowGroups) {
-      float* sp = Ss + d * COLS + 4 * cq;
-      float a0 = sp[0] * e_last, a1 = sp[1] * e_last, a2 = sp[2] * e_last, a3 = sp[3] * e_last;
-      for (int m = 0; m < L; ++m) {
-        const float kd = Ks[m * AS + d];
-        const float4 v = *reinterpret_cast<const float4*>(Vs + m * COLS + 4 * cq);
-        a0 = fmaf(kd, v.x, a0);
-        a1 = fmaf(kd, v.y, a1);
-        a2 = fmaf(kd, v.z, a2);
-        a3 = fmaf(kd, v.w, a3);
+    // S <- e^G_last S + (K e^(G_last - G))^T v': thread (rg, cq) owns state rows 4 (rg + kRowGroups k) + j,
+    // each summed over m in ascending order after the decayed state.
+    for (int d0 = 4 * rg; d0 < DK; d0 += 4 * kRowGroups) {
+      float a[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 sp = *reinterpret_cast<const float4*>(Ss + (d0 + j) * COLS + 4 * cq);
+        a[j][0] = sp.x * e_last;
+        a[j][1] = sp.y * e_last;
+        a[j][2] = sp.z * e_last;
+        a[j][3] = sp.w * e_last;
       }
-      sp[0] = a0;
-      sp[1] = a1;
-      sp[2] = a2;
-      sp[3] = a3;
+      for (int m = 0; m < L; ++m) {
+        const float4 k4 = *reinterpret_cast<const float4*>(Ks + m * AS + d0);
+        const float4 v4 = *reinterpret_cast<const float4*>(Vs + m * COLS + 4 * cq);
+        const float kd[4] = {k4.x, k4.y, k4.z, k4.w}, v[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) a[j][q] = fmaf(kd[j], v[q], a[j][q]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<float4*>(Ss + (d0 + j) * COLS + 4 * cq) =
+            make_float4(a[j][0], a[j][1], a[j][2], a[j][3]);
+      }
     }
     copy_async_wait_all();
     __syncthreads();  // the state, the next W and G are in
   }
-  for (int e = tid; e < DK * COLS; e += kThreads) {
+  for (int e = tid; e < DK * COLS; e += kStateThreads) {
     const int d = e / COLS, col = col0 + e % COLS;
     if (col < dv) state[static_cast<int64_t>(d) * dv + col] = Ss[e];
   }
@@ -592,11 +642,11 @@ void launch_segment(const GdnLaunch& g, int r0, int seg_rows, int first_len, int
   static const bool narrow = env_switch_on("PD_GDN_STATE_COLS16");
   if (narrow) {
     launch_pdl(gdn_prefill_state_kernel<DK, 16>, dim3(g.num_v_heads, grid_for(g.v_head_dim, 16)),
-               dim3(kThreads), state_smem_floats(DK, 16) * sizeof(float), stream, g, seg_rows, first_len,
+               dim3(kStateThreads), state_smem_floats(DK, 16) * sizeof(float), stream, g, seg_rows, first_len,
                n_chunks);
   } else {
     launch_pdl(gdn_prefill_state_kernel<DK, 32>, dim3(g.num_v_heads, grid_for(g.v_head_dim, 32)),
-               dim3(kThreads), state_smem_floats(DK, 32) * sizeof(float), stream, g, seg_rows, first_len,
+               dim3(kStateThreads), state_smem_floats(DK, 32) * sizeof(float), stream, g, seg_rows, first_len,
                n_chunks);
   }
   launch_pdl(gdn_prefill_out_kernel<DK>, dim3(n_chunks, g.num_v_heads, grid_for(g.v_head_dim, kOutCols)),
