@@ -150,6 +150,15 @@ __device__ __forceinline__ void unit_lower_times(const float* Ts, int L, int col
   }
 }
 
+// Four floats from a 16-byte aligned shared address into registers.
+__device__ __forceinline__ void load4(float (&out)[4], const float* p) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  out[0] = v.x;
+  out[1] = v.y;
+  out[2] = v.z;
+  out[3] = v.w;
+}
+
 // Chunk c of a segment whose first chunk has first_len rows: its first row (in the segment) and length.
 __device__ __forceinline__ int chunk_start(int c, int first_len) {
   return c == 0 ? 0 : first_len + (c - 1) * kChunk;
@@ -201,10 +210,17 @@ __global__ void __launch_bounds__(kThreads) gdn_prefill_prep_kernel(GdnLaunch g,
   }
 }
 
+// Row pitches of the chunk kernel's k and q|v tiles: float4 rows (four key dims per shared read in N and P).
+__host__ __device__ constexpr int chunk_k_pitch(int dk) {
+  return dk + 4;
+}
+__host__ __device__ constexpr int chunk_x_pitch(int dk, int dv) {
+  return (dk > dv ? dk : dv) + 4;
+}
+
 size_t chunk_smem_floats(int dk, int dv) {
-  const int xs = (dk > dv ? dk : dv) + 1;
-  return static_cast<size_t>(kChunk) * (dk + 1) + static_cast<size_t>(kChunk) * xs + 2 * kChunk * kTS +
-         3 * kChunk;
+  return static_cast<size_t>(kChunk) * chunk_k_pitch(dk) +
+         static_cast<size_t>(kChunk) * chunk_x_pitch(dk, dv) + 2 * kChunk * kTS + 3 * kChunk;
 }
 
 // 2. Chunk blockIdx.x of the segment, value head blockIdx.y: G, P, T, U, W.
@@ -220,8 +236,8 @@ __global__ void __launch_bounds__(kThreads)
   const int kh = h / (hv / g.num_k_heads);
   const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
   const PrefillScratch s = prefill_scratch(g);
-  constexpr int KS = DK + 1;
-  const int XS = (DK > dv ? DK : dv) + 1;
+  constexpr int KS = chunk_k_pitch(DK);
+  const int XS = chunk_x_pitch(DK, dv);
   float* Ks = smem;               // [64][KS] k
   float* Xs = Ks + kChunk * KS;   // [64][XS] q, then beta v
   float* Ns = Xs + kChunk * XS;   // [64][kTS]
@@ -230,16 +246,21 @@ __global__ void __launch_bounds__(kThreads)
   float* Bs = Gs + kChunk;        // [64] beta
   float* BGs = Bs + kChunk;       // [64] beta e^G
   const int tid = static_cast<int>(threadIdx.x);
+  // 16-byte copies where the rows allow them (every shape but odd test ones).
+  const bool quads = C % 4 == 0 && dv % 4 == 0 && reinterpret_cast<uintptr_t>(s.xn) % 16 == 0;
 
-  stage_rows(Ks, KS, s.xn + start * C + key_dim + kh * DK, C, L, DK);
-  stage_rows(Xs, XS, s.xn + start * C + kh * DK, C, L, DK);
+  stage_rows(Ks, KS, s.xn + start * C + key_dim + kh * DK, C, L, DK, quads);
+  stage_rows(Xs, XS, s.xn + start * C + kh * DK, C, L, DK, quads);
   for (int e = tid; e < kChunk * kTS; e += kThreads) Ts[e] = 0.0f;
-  if (tid < kChunk) Bs[tid] = tid < L ? s.beta[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;
+  if (tid < kChunk) {
+    Bs[tid] = tid < L ? s.beta[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;
+    Gs[tid] = tid < L ? s.g[static_cast<int64_t>(start + tid) * hv + h] : 0.0f;  // g, summed below
+  }
+  __syncthreads();
   if (tid == 0) {
     float acc = 0.0f;
     for (int i = 0; i < L; ++i) {
-      const float gi = s.g[static_cast<int64_t>(start + i) * hv + h];
-      acc = i == 0 ? gi : acc + gi;
+      acc = i == 0 ? Gs[i] : acc + Gs[i];
       Gs[i] = acc;
     }
   }
@@ -256,20 +277,23 @@ __global__ void __launch_bounds__(kThreads)
   {
     const int ti = tid / 16, tj = tid % 16;
     float kk[4][4] = {}, qk[4][4] = {};
-    for (int d = 0; d < DK; ++d) {
-      float ki[4], qi[4], kj[4];
+    for (int d = 0; d < DK; d += 4) {
+      float ki[4][4], qi[4][4], kj[4][4];  // [row][key dim d + e]
 #pragma unroll
       for (int a = 0; a < 4; ++a) {
-        ki[a] = Ks[(ti + 16 * a) * KS + d];
-        qi[a] = Xs[(ti + 16 * a) * XS + d];
-        kj[a] = Ks[(tj + 16 * a) * KS + d];
+        load4(ki[a], Ks + (ti + 16 * a) * KS + d);
+        load4(qi[a], Xs + (ti + 16 * a) * XS + d);
+        load4(kj[a], Ks + (tj + 16 * a) * KS + d);
       }
 #pragma unroll
-      for (int a = 0; a < 4; ++a) {
+      for (int e = 0; e < 4; ++e) {
 #pragma unroll
-        for (int b = 0; b <= a; ++b) {
-          kk[a][b] = fmaf(ki[a], kj[b], kk[a][b]);
-          qk[a][b] = fmaf(qi[a], kj[b], qk[a][b]);
+        for (int a = 0; a < 4; ++a) {
+#pragma unroll
+          for (int b = 0; b <= a; ++b) {
+            kk[a][b] = fmaf(ki[a][e], kj[b][e], kk[a][b]);
+            qk[a][b] = fmaf(qi[a][e], kj[b][e], qk[a][b]);
+          }
         }
       }
     }
@@ -301,8 +325,9 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  stage_rows(Xs, XS, s.xn + start * C + 2 * key_dim + static_cast<int64_t>(h) * dv, C, L, dv);
+  stage_rows(Xs, XS, s.xn + start * C + 2 * key_dim + static_cast<int64_t>(h) * dv, C, L, dv, quads);
   copy_async_wait_all();
+  __syncthreads();  // the 16-byte copies' elements are not the ones scale_rows gives each thread
   scale_rows(Xs, XS, L, dv, Bs);
   __syncthreads();
   // U = (I + T) diag(beta) V and W = (I + T) diag(beta e^G) K, the terms in ascending m after the diagonal.
@@ -353,17 +378,11 @@ __device__ __forceinline__ void times_state(const float* As, const float* Ss, in
   for (int d = 0; d < DK; d += 4) {
     float sv[4][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 v = *reinterpret_cast<const float4*>(Ss + (d + j) * COLS + 4 * cq);
-      sv[j][0] = v.x;
-      sv[j][1] = v.y;
-      sv[j][2] = v.z;
-      sv[j][3] = v.w;
-    }
+    for (int j = 0; j < 4; ++j) load4(sv[j], Ss + (d + j) * COLS + 4 * cq);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float4 a4 = *reinterpret_cast<const float4*>(As + (rg + kRowGroups * r) * kStatePitch<DK> + d);
-      const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+      float a[4];
+      load4(a, As + (rg + kRowGroups * r) * kStatePitch<DK> + d);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -461,16 +480,14 @@ __global__ void __launch_bounds__(kStateThreads)
       float a[4][4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float4 sp = *reinterpret_cast<const float4*>(Ss + (d0 + j) * COLS + 4 * cq);
-        a[j][0] = sp.x * e_last;
-        a[j][1] = sp.y * e_last;
-        a[j][2] = sp.z * e_last;
-        a[j][3] = sp.w * e_last;
+        load4(a[j], Ss + (d0 + j) * COLS + 4 * cq);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) a[j][q] = a[j][q] * e_last;
       }
       for (int m = 0; m < L; ++m) {
-        const float4 k4 = *reinterpret_cast<const float4*>(Ks + m * AS + d0);
-        const float4 v4 = *reinterpret_cast<const float4*>(Vs + m * COLS + 4 * cq);
-        const float kd[4] = {k4.x, k4.y, k4.z, k4.w}, v[4] = {v4.x, v4.y, v4.z, v4.w};
+        float kd[4], v[4];
+        load4(kd, Ks + m * AS + d0);
+        load4(v, Vs + m * COLS + 4 * cq);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
 #pragma unroll
