@@ -99,9 +99,10 @@ void widen_block(const Tensor& cache, int64_t key0, int64_t n, int h, int d, boo
 // Phase 2 of a prefill piece (rows at consecutive positions, no window): blocks of kQueryBlock rows meet
 // blocks of kKeyBlock cache entries on fma_product, so that each entry is widened once per block of rows, not
 // once per row. A row's sums still depend only on its position: each score is one multiply-add chain over
-// the head dims, each output element one chain over the positions 0 .. pos in ascending order (the bands stop
-// every row at its own position), whichever rows share its block; so pieces of any size give the same bits
-// (docs/DESIGN.md §4.6). Not the bits of a decode step's row (its dots take the canonical 32-lane order).
+// the head dims, each softmax normaliser softmax_lanes' sum, each output element one chain over the positions
+// 0 .. pos in ascending order (the bands stop every row at its own position), whichever rows share its
+// block; so pieces of any size give the same bits (docs/DESIGN.md §4.6). Not the bits of a decode step's row
+// (its dots take the canonical 32-lane order).
 void prefill_attention(const Exec& pool, const GatedAttentionArgs& a, const std::vector<float>& q,
                        float scale) {
   const int d = a.dims.head_dim, hq = a.dims.num_heads, hkv = a.dims.num_kv_heads, group = hq / hkv;
@@ -134,9 +135,7 @@ void prefill_attention(const Exec& pool, const GatedAttentionArgs& a, const std:
                    for (int g = 0; g < group; ++g) {
                      for (int i = 0; i < nq; ++i) {
                        float* sc = scores.data() + (static_cast<int64_t>(g) * kQueryBlock + i) * keys;
-                       const int64_t n = pos0 + r0 + i + 1;
-                       for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] * scale;
-                       softmax(sc, n);
+                       softmax_lanes(sc, pos0 + r0 + i + 1, scale);
                      }
                    }
                    for (int64_t key0 = 0; key0 < keys; key0 += kKeyBlock) {

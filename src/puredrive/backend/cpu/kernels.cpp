@@ -10,6 +10,11 @@
 namespace pd::cpu {
 namespace {
 
+// softmax_lanes' fixed tree over its eight lane sums.
+inline float softmax_lane_total(const float* l) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 #define PD_X86 1
 #else
@@ -276,6 +281,41 @@ __attribute__((target("avx2,fma"))) void fma_product_avx2(int rows, int cols_all
       cr[j] = s;
     }
   }
+}
+
+// softmax_lanes' passes 1 and 3 eight floats at a time (max is exact in any order; _mm256_mul_ps and
+// _mm256_div_ps round as the scalar operations), the eight lane sums of pass 2 as vectors.
+__attribute__((target("avx2,fma"))) void softmax_lanes_avx2(float* sc, int64_t n, float scale) {
+  const int64_t full = n / 8 * 8;
+  const __m256 sv = _mm256_set1_ps(scale);
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < full; t += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(sc + t), sv);
+    _mm256_storeu_ps(sc + t, x);
+    mv = _mm256_max_ps(mv, x);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, mv);
+  float mx = lanes[0];
+  for (int l = 1; l < 8; ++l) mx = std::max(mx, lanes[l]);
+  for (int64_t t = full; t < n; ++t) {
+    sc[t] = sc[t] * scale;
+    mx = std::max(mx, sc[t]);
+  }
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t t = 0; t < full; t += 8) {
+    for (int l = 0; l < 8; ++l) sc[t + l] = std::exp(sc[t + l] - mx);
+    acc = _mm256_add_ps(acc, _mm256_loadu_ps(sc + t));
+  }
+  _mm256_storeu_ps(lanes, acc);
+  for (int64_t t = full; t < n; ++t) {
+    sc[t] = std::exp(sc[t] - mx);
+    lanes[t - full] = lanes[t - full] + sc[t];
+  }
+  const float sum = softmax_lane_total(lanes);
+  const __m256 dv = _mm256_set1_ps(sum);
+  for (int64_t t = 0; t < full; t += 8) _mm256_storeu_ps(sc + t, _mm256_div_ps(_mm256_loadu_ps(sc + t), dv));
+  for (int64_t t = full; t < n; ++t) sc[t] = sc[t] / sum;
 }
 #else
 bool detect_avx2() {
@@ -555,6 +595,27 @@ void decay_row(float* s, float alpha, float c, float* acc, int64_t n) {
     s[j] = s[j] * alpha;
     acc[j] = acc[j] + s[j] * c;
   }
+}
+
+void softmax_lanes(float* sc, int64_t n, float scale) {
+#if PD_X86
+  if (kHasAvx2) {
+    softmax_lanes_avx2(sc, n, scale);
+    return;
+  }
+#endif
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) {
+    sc[t] = sc[t] * scale;
+    mx = std::max(mx, sc[t]);
+  }
+  float lanes[8] = {};
+  for (int64_t t = 0; t < n; ++t) {
+    sc[t] = std::exp(sc[t] - mx);
+    lanes[t % 8] = lanes[t % 8] + sc[t];
+  }
+  const float sum = softmax_lane_total(lanes);
+  for (int64_t t = 0; t < n; ++t) sc[t] = sc[t] / sum;
 }
 
 void update_row(float* s, float c, const float* d, float q, float* acc, int64_t n) {

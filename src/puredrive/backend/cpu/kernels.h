@@ -33,6 +33,11 @@ void add_scaled_bf16(float* acc, float p, const uint16_t* v, int64_t n);
 //   update_row: s[j] = s[j] + c * d[j]; acc[j] = acc[j] + s[j] * q
 void decay_row(float* s, float alpha, float c, float* acc, int64_t n);
 void update_row(float* s, float c, const float* d, float q, float* acc, int64_t n);
+// A prefill row's softmax in place: x[t] = sc[t] * scale, then exp(x[t] - max x) / sum, the exponentials
+// summed in eight lanes (term t into lane t mod 8) combined by a fixed tree, so the sum is no chain of n
+// dependent additions. Its bits depend only on n and the values, on every path; they are not the decode
+// rows' (attention.cpp sums those in ascending order).
+void softmax_lanes(float* sc, int64_t n, float scale);
 // Dot products of weight row r of m with each of the vectors xs[0..count), into out[0..count). Fuses the
 // conversion for bf16 rows, otherwise dequantises once into buf (m.cols floats); every variant gives the
 // canonical dot's bits.

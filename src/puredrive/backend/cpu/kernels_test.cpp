@@ -120,6 +120,36 @@ TEST(Kernels, AddScaledEqualsTheScalarLoop) {
   }
 }
 
+// The prefill softmax: every path gives the bits of its documented loop (scale, max, exponentials summed in
+// eight lanes and combined by the fixed tree, division), and a probability vector.
+TEST(Kernels, SoftmaxLanesEqualsItsLoop) {
+  std::mt19937 rng(9);
+  for (int64_t n : {1, 7, 8, 9, 64, 100, 259, 4100}) {
+    auto x = test::random_vector(rng, static_cast<size_t>(n));
+    for (float& v : x) v *= 40.0f;
+    const float scale = 0.0625f;
+    std::vector<float> ref = x;
+    float mx = -INFINITY;
+    for (float& v : ref) {
+      v = v * scale;
+      mx = std::max(mx, v);
+    }
+    float l[8] = {};
+    for (int64_t t = 0; t < n; ++t) {
+      ref[t] = std::exp(ref[t] - mx);
+      l[t % 8] = l[t % 8] + ref[t];
+    }
+    const float sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (float& v : ref) v = v / sum;
+    std::vector<float> got = x;
+    cpu::softmax_lanes(got.data(), n, scale);
+    EXPECT_TRUE(test::bitwise_equal(got, ref)) << "n=" << n;
+    double total = 0;
+    for (float v : got) total += v;
+    EXPECT_NEAR(total, 1.0, 1e-5) << "n=" << n;
+  }
+}
+
 // The delta rule's row updates: both paths are the scalar loops, each product and sum rounded on its own.
 TEST(Kernels, StateRowUpdatesEqualTheScalarLoops) {
   std::mt19937 rng(8);
