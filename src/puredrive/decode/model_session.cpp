@@ -32,16 +32,16 @@ Expected<std::unique_ptr<ModelSession>> ModelSession::open(const SessionOptions&
   const int64_t draft_vocab_bytes = gpu ? int64_t{o.mtp_draft_vocab} * config.hidden_size * 2 : 0;
   // All logits only for verify steps and the row-exactness gate (steps of up to 8 rows).
   const int verify_logit_rows = std::max(8, o.max_draft + 1);
-  const int chunk = o.prefill_chunk > 0
-                        ? o.prefill_chunk
-                        : choose_prefill_chunk(config, gpu, o.ctx_size, s->backend->available_memory(),
-                                               draft_vocab_bytes, verify_logit_rows);
+  // Measured before anything is loaded, as the plan counts the weights itself; the step workspaces come off
+  // the top.
+  const int64_t device_memory = s->backend->available_memory();
+  const int chunk = o.prefill_chunk > 0 ? o.prefill_chunk
+                                        : choose_prefill_chunk(config, gpu, o.ctx_size, device_memory,
+                                                               draft_vocab_bytes, verify_logit_rows);
   const int max_rows = std::max(chunk, o.max_draft + 1);
   const int logit_rows = std::min(max_rows, verify_logit_rows);
   const int64_t workspace = step_workspace_bytes(config, max_rows, logit_rows) + draft_vocab_bytes;
-  // Measured before anything is loaded, as the plan counts the weights itself; the step workspaces come off
-  // the top.
-  const int64_t available = s->backend->available_memory() - workspace;
+  const int64_t available = device_memory - workspace;
   if (auto estimate = plan_context(config, nullptr, o.ctx_size, available, o.model_dir); !estimate) {
     return estimate.status();
   }

@@ -210,17 +210,15 @@ __global__ void __launch_bounds__(kThreads) gdn_prefill_prep_kernel(GdnLaunch g,
   }
 }
 
-// Row pitches of the chunk kernel's k and q|v tiles: float4 rows (four key dims per shared read in N and P).
-__host__ __device__ constexpr int chunk_k_pitch(int dk) {
-  return dk + 4;
-}
-__host__ __device__ constexpr int chunk_x_pitch(int dk, int dv) {
-  return (dk > dv ? dk : dv) + 4;
+// Row pitch of the shared tiles read as float4 rows (N and P of the chunk kernel, W and K of the state
+// kernel): rows stay 16-byte aligned, and eight rows' float4s fall in eight different bank groups.
+__host__ __device__ constexpr int quad_pitch(int cols) {
+  return cols + 4;
 }
 
 size_t chunk_smem_floats(int dk, int dv) {
-  return static_cast<size_t>(kChunk) * chunk_k_pitch(dk) +
-         static_cast<size_t>(kChunk) * chunk_x_pitch(dk, dv) + 2 * kChunk * kTS + 3 * kChunk;
+  return static_cast<size_t>(kChunk) * quad_pitch(dk) +
+         static_cast<size_t>(kChunk) * quad_pitch(dk > dv ? dk : dv) + 2 * kChunk * kTS + 3 * kChunk;
 }
 
 // 2. Chunk blockIdx.x of the segment, value head blockIdx.y: G, P, T, U, W.
@@ -236,8 +234,8 @@ __global__ void __launch_bounds__(kThreads)
   const int kh = h / (hv / g.num_k_heads);
   const int start = chunk_start(c, first_len), L = chunk_len(c, first_len, seg_rows);
   const PrefillScratch s = prefill_scratch(g);
-  constexpr int KS = chunk_k_pitch(DK);
-  const int XS = chunk_x_pitch(DK, dv);
+  constexpr int KS = quad_pitch(DK);
+  const int XS = quad_pitch(DK > dv ? DK : dv);
   float* Ks = smem;               // [64][KS] k
   float* Xs = Ks + kChunk * KS;   // [64][XS] q, then beta v
   float* Ns = Xs + kChunk * XS;   // [64][kTS]
@@ -345,12 +343,8 @@ __global__ void __launch_bounds__(kThreads)
 // threads with four sums each).
 constexpr int kStateThreads = 128;
 
-// Row pitch of the state kernel's W and K tiles: float4 rows, and 8 rows' float4s in 8 different bank groups.
-template <int DK>
-constexpr int kStatePitch = DK + 4;
-
 size_t state_smem_floats(int dk, int cols) {
-  return static_cast<size_t>(dk) * cols + 2 * static_cast<size_t>(kChunk) * (dk + 4) + kChunk * cols +
+  return static_cast<size_t>(dk) * cols + 2 * static_cast<size_t>(kChunk) * quad_pitch(dk) + kChunk * cols +
          3 * kChunk;
 }
 
@@ -364,8 +358,9 @@ struct StateTiling {
   static_assert(kRows * kRowGroups == kChunk, "whole chunk rows per thread");
 };
 
-// The chunk's 64 rows of A (staged, [64][kStatePitch]) times the state block, the thread's rows and columns
-// (StateTiling), each summed over the key dim in ascending order; four key dims per shared-memory read.
+// The chunk's 64 rows of A (staged, [64][quad_pitch(DK)]) times the state block, the thread's rows and
+// columns (StateTiling), each summed over the key dim in ascending order; four key dims per shared-memory
+// read.
 template <int DK, int COLS>
 __device__ __forceinline__ void times_state(const float* As, const float* Ss, int rg, int cq,
                                             float acc[StateTiling<COLS>::kRows][4]) {
@@ -382,7 +377,7 @@ __device__ __forceinline__ void times_state(const float* As, const float* Ss, in
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       float a[4];
-      load4(a, As + (rg + kRowGroups * r) * kStatePitch<DK> + d);
+      load4(a, As + (rg + kRowGroups * r) * quad_pitch(DK) + d);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -405,7 +400,7 @@ __global__ void __launch_bounds__(kStateThreads)
   const int64_t C = channels_of(g);
   const int h = static_cast<int>(blockIdx.x), col0 = static_cast<int>(blockIdx.y) * COLS;
   constexpr int kRows = StateTiling<COLS>::kRows, kRowGroups = StateTiling<COLS>::kRowGroups;
-  constexpr int AS = kStatePitch<DK>;
+  constexpr int AS = quad_pitch(DK);
   const int kh = h / (hv / g.num_k_heads);
   const PrefillScratch s = prefill_scratch(g);
   float* Ss = smem;                // [DK][COLS]: the state block
