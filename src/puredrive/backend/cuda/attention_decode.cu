@@ -489,32 +489,7 @@ int query_blocks(int queries) {
 
 template <typename F>
 void with_query_blocks(int nt, F&& f) {
-  switch (nt) {
-    case 1:
-      f(std::integral_constant<int, 1>{});
-      return;
-    case 2:
-      f(std::integral_constant<int, 2>{});
-      return;
-    case 3:
-      f(std::integral_constant<int, 3>{});
-      return;
-    case 4:
-      f(std::integral_constant<int, 4>{});
-      return;
-    case 6:
-      f(std::integral_constant<int, 6>{});
-      return;
-    case 8:
-      f(std::integral_constant<int, 8>{});
-      return;
-    case 12:
-      f(std::integral_constant<int, 12>{});
-      return;
-    default:
-      f(std::integral_constant<int, 16>{});
-      return;
-  }
+  with_one_of<1, 2, 3, 4, 6, 8, 12, 16>(nt, f);
 }
 
 }  // namespace

@@ -213,22 +213,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttentionLaunch 
 
 template <typename F>
 bool with_head_dim(int D, F&& f) {
-  switch (D) {
-    case 32:
-      f(std::integral_constant<int, 32>{});
-      return true;
-    case 64:
-      f(std::integral_constant<int, 64>{});
-      return true;
-    case 128:
-      f(std::integral_constant<int, 128>{});
-      return true;
-    case 256:
-      f(std::integral_constant<int, 256>{});
-      return true;
-    default:
-      return false;
-  }
+  return with_one_of<32, 64, 128, 256>(D, f);
 }
 
 }  // namespace

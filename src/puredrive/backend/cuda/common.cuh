@@ -389,20 +389,17 @@ inline int rows_class(int rows) {
   return rows <= 1 ? 1 : (rows <= 4 ? 4 : kMaxRows);
 }
 
+// Calls f(std::integral_constant<int, V>{}) for the V of Vs equal to v (a value known at run time, for a
+// kernel template argument); false, calling nothing, when none is.
+template <int... Vs, typename F>
+bool with_one_of(int v, F&& f) {
+  return ((v == Vs && (f(std::integral_constant<int, Vs>{}), true)) || ...);
+}
+
 // Calls f(std::integral_constant<int, NR>{}) for NR = rows_class(rows).
 template <typename F>
 void with_rows_class(int rows, F&& f) {
-  switch (rows_class(rows)) {
-    case 1:
-      f(std::integral_constant<int, 1>{});
-      return;
-    case 4:
-      f(std::integral_constant<int, 4>{});
-      return;
-    default:
-      f(std::integral_constant<int, kMaxRows>{});
-      return;
-  }
+  with_one_of<1, 4, kMaxRows>(rows_class(rows), f);
 }
 
 // Sums acc[r] (r < nr) over the warp by an xor butterfly; every lane gets the sums.

@@ -117,26 +117,10 @@ __host__ __device__ constexpr int quad_pitch(int cols) {
   return cols + 4;
 }
 
-// Calls f(std::integral_constant<int, DK>{}) for a key head dim the kernels are built for (16..256).
+// Calls f(std::integral_constant<int, DK>{}) for a key head dim the kernels are built for (gdn_supported).
 template <class F>
 void with_key_dim(int dk, F&& f) {
-  switch (dk) {
-    case 16:
-      f(std::integral_constant<int, 16>{});
-      break;
-    case 32:
-      f(std::integral_constant<int, 32>{});
-      break;
-    case 64:
-      f(std::integral_constant<int, 64>{});
-      break;
-    case 128:
-      f(std::integral_constant<int, 128>{});
-      break;
-    default:
-      f(std::integral_constant<int, 256>{});
-      break;
-  }
+  with_one_of<16, 32, 64, 128, 256>(dk, f);
 }
 inline constexpr int kKeyDims[] = {16, 32, 64, 128, 256};
 

@@ -297,17 +297,7 @@ __device__ __forceinline__ uint32_t copy_meta(const Ring<S>& ring, int f, int la
 // Calls f(std::integral_constant<int, BITS>{}) for a streamed code width (affine_stream_layout).
 template <typename F>
 void with_stream_bits(int bits, F&& f) {
-  switch (bits) {
-    case 4:
-      f(std::integral_constant<int, 4>{});
-      return;
-    case 6:
-      f(std::integral_constant<int, 6>{});
-      return;
-    default:
-      f(std::integral_constant<int, 8>{});
-      return;
-  }
+  with_one_of<4, 6, 8>(bits == 4 || bits == 6 ? bits : 8, f);
 }
 
 // The launch of an affine stream kernel for `pps` group pieces per warp slice: launch(kernel<PPS>) for PPS
