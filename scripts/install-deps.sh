@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcli11-dev
       libfmt-dev libgtest-dev libgmock-dev libboost-dev libssl-dev zlib1g-dev curl python3 python3-venv
-      clang libclang-rt-dev chromium fonts-dejavu-core)
+      clang clang-format libclang-rt-dev chromium fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

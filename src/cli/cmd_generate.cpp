@@ -42,7 +42,7 @@ struct GenerateArgs {
   bool stats = false, stream = false, json = false;
   std::string backend = "auto";
   int threads = 0;
-  int ctx_size = 0;  // 0: from the model and the memory (ModelSession)
+  int ctx_size = 0;       // 0: from the model and the memory (ModelSession)
   int prefill_chunk = 0;  // chosen by the session
   std::string kv_dtype = "bf16";
   std::string logits_out;
@@ -310,9 +310,10 @@ void setup_generate(CLI::App& app) {
                   "fits in memory")
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
-  cmd->add_option("--prefill-chunk", a->prefill_chunk,
-                  "Prompt rows per prefill step (bounds the step workspaces; cancellation is checked between "
-                  "chunks; 0: 8192 on a GPU where the memory plan allows, else 4096 or 2048; 2048 on the CPU)")
+  cmd->add_option(
+         "--prefill-chunk", a->prefill_chunk,
+         "Prompt rows per prefill step (bounds the step workspaces; cancellation is checked between "
+         "chunks; 0: 8192 on a GPU where the memory plan allows, else 4096 or 2048; 2048 on the CPU)")
       ->check(CLI::Range(0, kMaxPrefillChunk))
       ->capture_default_str();
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache dtype")->check(CLI::IsMember({"bf16", "f32"}));

@@ -63,7 +63,8 @@ bool HttpRouter::authorized(const HttpRequest& req) const {
   if (api_key_.empty() || req.path.rfind("/v1/", 0) != 0) return true;
   constexpr std::string_view prefix = "Bearer ";
   const std::string_view auth = req.authorization;
-  if (auth.substr(0, prefix.size()) == prefix && same_secret(auth.substr(prefix.size()), api_key_)) return true;
+  if (auth.substr(0, prefix.size()) == prefix && same_secret(auth.substr(prefix.size()), api_key_))
+    return true;
   return !req.x_api_key.empty() && same_secret(req.x_api_key, api_key_);
 }
 

@@ -237,8 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_const
   uint64_t* const empty = full + kGStages;
   __shared__ int s_dst[kGRows];
   // Grid x runs over the weight-row tiles, so the blocks of one activation tile run together: the tile comes
-  // from DRAM once (x over the activation tiles re-read every tile of the gathered rows, over 100 MB, once per
-  // weight tile), and an expert's tiles are neighbours too, so its weights come from DRAM about once.
+  // from DRAM once (x over the activation tiles re-read every tile of the gathered rows, over 100 MB, once
+  // per weight tile), and an expert's tiles are neighbours too, so its weights come from DRAM about once.
   int p = 0, nt = 0;
   block_part(static_cast<int>(blockIdx.x), j.n_tiles_end, j.parts, &p, &nt);
   const int t = static_cast<int>(blockIdx.y);
