@@ -90,6 +90,45 @@ __attribute__((target("avx2,fma"))) float dot_bf16_avx2(const float* a, const ui
   return hsum_canonical(acc);
 }
 
+// One input against two bf16 weight rows: each row's sums exactly as dot_bf16_avx2's (the same lanes, tail
+// and tree), so each result has its bits. The two rows' chains of multiply-adds interleave and the input is
+// loaded once for both: a decode step's products were one latency-bound dot per weight row (perf: half of a
+// tiny model's step).
+__attribute__((target("avx2,fma"))) void dot_bf16_rows2_avx2(const float* x, const uint16_t* w0,
+                                                             const uint16_t* w1, int64_t n, float* out0,
+                                                             float* out1) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+    const __m256 x2 = _mm256_loadu_ps(x + i + 16), x3 = _mm256_loadu_ps(x + i + 24);
+    a0 = _mm256_fmadd_ps(x0, bf16x8(w0 + i), a0);
+    b0 = _mm256_fmadd_ps(x0, bf16x8(w1 + i), b0);
+    a1 = _mm256_fmadd_ps(x1, bf16x8(w0 + i + 8), a1);
+    b1 = _mm256_fmadd_ps(x1, bf16x8(w1 + i + 8), b1);
+    a2 = _mm256_fmadd_ps(x2, bf16x8(w0 + i + 16), a2);
+    b2 = _mm256_fmadd_ps(x2, bf16x8(w1 + i + 16), b2);
+    a3 = _mm256_fmadd_ps(x3, bf16x8(w0 + i + 24), a3);
+    b3 = _mm256_fmadd_ps(x3, bf16x8(w1 + i + 24), b3);
+  }
+  __m256 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};
+  for (int c = 0; c < 4 && i < n; ++c, i += 8) {
+    alignas(32) float tx[8] = {};
+    alignas(16) uint16_t t0[8] = {}, t1[8] = {};
+    const int64_t take = n - i < 8 ? n - i : 8;
+    for (int64_t l = 0; l < take; ++l) {
+      tx[l] = x[i + l];
+      t0[l] = w0[i + l];
+      t1[l] = w1[i + l];
+    }
+    const __m256 xv = _mm256_load_ps(tx);
+    a[c] = _mm256_fmadd_ps(xv, bf16x8(t0), a[c]);
+    b[c] = _mm256_fmadd_ps(xv, bf16x8(t1), b[c]);
+  }
+  *out0 = hsum_canonical(a);
+  *out1 = hsum_canonical(b);
+}
+
 // Eight weights as f32: f32 as stored, bf16 widened.
 __attribute__((target("avx2,fma"))) inline __m256 load_w8(const float* p) {
   return _mm256_loadu_ps(p);
@@ -669,6 +708,28 @@ void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, 
 
 void dot_block(const Matrix& m, int64_t r0, int nb, const float* const* xs, int64_t count, float* out,
                float* buf) {
+  if (count % 2 == 1 && count < kDotBlockInputs) {
+#if PD_X86
+    if (kHasAvx2 && m.format == WeightFormat::kBF16) {
+      // An odd input count (a decode step, a verify step of 3 rows): the inputs but the last in pairs per
+      // weight row (dot_ref), the last against pairs of weight rows.
+      const uint16_t* w = static_cast<const uint16_t*>(m.data) + r0 * m.cols;
+      const int64_t last = count - 1;
+      int i = 0;
+      for (; i + 2 <= nb; i += 2) {
+        const uint16_t *w0 = w + i * m.cols, *w1 = w0 + m.cols;
+        dot_ref({.bf16 = w0}, m.cols, xs, last, out + i * count);
+        dot_ref({.bf16 = w1}, m.cols, xs, last, out + (i + 1) * count);
+        dot_bf16_rows2_avx2(xs[last], w0, w1, m.cols, out + i * count + last, out + (i + 1) * count + last);
+      }
+      if (i < nb) dot_ref({.bf16 = w + i * m.cols}, m.cols, xs, count, out + i * count);
+      return;
+    }
+#endif
+    // Other formats row by row (an affine row meets one input decoded in registers).
+    for (int i = 0; i < nb; ++i) dot_row(m, r0 + i, xs, count, out + i * count, buf);
+    return;
+  }
   if (nb == 1) {
     dot_row(m, r0, xs, count, out, buf);
     return;
@@ -684,7 +745,8 @@ void dot_block(const Matrix& m, int64_t r0, int nb, const float* const* xs, int6
 }
 
 int dot_block_rows(int64_t inputs) {
-  return inputs >= 16 ? kDotBlockRows : 1;
+  // Fewer inputs: an odd one's bf16 dots go in pairs of weight rows (dot_block).
+  return inputs >= kDotBlockInputs ? kDotBlockRows : inputs % 2 == 1 ? 4 : 1;
 }
 
 uint32_t affine_code(const Matrix& m, int64_t r, int64_t j) {

@@ -46,10 +46,12 @@ void dot_row(const Matrix& m, int64_t r, const float* const* xs, int64_t count, 
 // holds nb * m.cols floats. Each row is dequantised once and the inputs are taken in cache-sized slices, so
 // long prefill steps do not stream every input once per weight row. The same bits as dot_row.
 constexpr int kDotBlockRows = 16;
+constexpr int kDotBlockInputs = 16;  // inputs from which blocks of kDotBlockRows pay
 void dot_block(const Matrix& m, int64_t r0, int nb, const float* const* xs, int64_t count, float* out,
                float* buf);
-// Weight rows per dot_block for `inputs` vectors: blocks pay only when the inputs outgrow a weight row's
-// reuse in registers; one-row and verify steps keep one weight row per work item (finer parallel split).
+// Weight rows per dot_block for `inputs` vectors: blocks pay when the inputs outgrow a weight row's reuse in
+// registers, and for an odd count (a decode step, a verify step of 3 rows), whose last input meets bf16 rows
+// in pairs; even counts keep one weight row per work item (finer parallel split).
 int dot_block_rows(int64_t inputs);
 
 // A row-major operand of fma_product: element (r, c) at p[r * ld + c].

@@ -178,25 +178,29 @@ TEST(Kernels, StateRowUpdatesEqualTheScalarLoops) {
 }
 
 // dot_block: every weight row of a block gives dot_row's bits, whatever the block's size, for stored and
-// dequantised formats, with inputs past one cache slice (8192 columns: slices of 8 inputs).
+// dequantised formats, with inputs past one cache slice (8192 columns: slices of 8 inputs), and for one and
+// three inputs (the last against bf16 rows in pairs), with and without a tail past the last 32 columns.
 TEST(Kernels, DotBlockEqualsDotRow) {
   std::mt19937 rng(7);
   for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kF32, WeightFormat::kAffine}) {
-    for (int64_t cols : {int64_t{96}, int64_t{8192}}) {
-      const int64_t rows = 20, count = 21;
-      auto m = test::make_matrix(rng, rows, cols, f, 6, 32);
-      std::vector<std::vector<float>> x;
-      std::vector<const float*> xs;
-      for (int64_t i = 0; i < count; ++i) x.push_back(test::random_vector(rng, static_cast<size_t>(cols)));
-      for (const auto& v : x) xs.push_back(v.data());
-      std::vector<float> buf(static_cast<size_t>(cpu::kDotBlockRows * cols));
-      for (int nb : {1, 5, cpu::kDotBlockRows}) {
-        std::vector<float> block(static_cast<size_t>(nb * count)), one(static_cast<size_t>(count));
-        cpu::dot_block(m->m, 3, nb, xs.data(), count, block.data(), buf.data());
-        for (int i = 0; i < nb; ++i) {
-          cpu::dot_row(m->m, 3 + i, xs.data(), count, one.data(), buf.data());
-          EXPECT_EQ(std::memcmp(one.data(), block.data() + i * count, static_cast<size_t>(count) * 4), 0)
-              << weight_format_name(f) << " " << cols << " columns, block of " << nb << ", row " << i;
+    for (int64_t cols : {int64_t{96}, int64_t{100}, int64_t{8192}}) {
+      for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{21}}) {
+        const int64_t rows = 20;
+        auto m = test::make_matrix(rng, rows, cols, f, 6, 32);
+        std::vector<std::vector<float>> x;
+        std::vector<const float*> xs;
+        for (int64_t i = 0; i < count; ++i) x.push_back(test::random_vector(rng, static_cast<size_t>(cols)));
+        for (const auto& v : x) xs.push_back(v.data());
+        std::vector<float> buf(static_cast<size_t>(cpu::kDotBlockRows * cols));
+        for (int nb : {1, 4, 5, cpu::kDotBlockRows}) {
+          std::vector<float> block(static_cast<size_t>(nb * count)), one(static_cast<size_t>(count));
+          cpu::dot_block(m->m, 3, nb, xs.data(), count, block.data(), buf.data());
+          for (int i = 0; i < nb; ++i) {
+            cpu::dot_row(m->m, 3 + i, xs.data(), count, one.data(), buf.data());
+            EXPECT_EQ(std::memcmp(one.data(), block.data() + i * count, static_cast<size_t>(count) * 4), 0)
+                << weight_format_name(f) << " " << cols << " columns, " << count << " inputs, block of " << nb
+                << ", row " << i;
+          }
         }
       }
     }
