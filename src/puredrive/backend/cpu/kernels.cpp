@@ -90,45 +90,6 @@ __attribute__((target("avx2,fma"))) float dot_bf16_avx2(const float* a, const ui
   return hsum_canonical(acc);
 }
 
-// One input against two bf16 weight rows: each row's sums exactly as dot_bf16_avx2's (the same lanes, tail
-// and tree), so each result has its bits. The two rows' chains of multiply-adds interleave and the input is
-// loaded once for both: a decode step's products were one latency-bound dot per weight row (perf: half of a
-// tiny model's step).
-__attribute__((target("avx2,fma"))) void dot_bf16_rows2_avx2(const float* x, const uint16_t* w0,
-                                                             const uint16_t* w1, int64_t n, float* out0,
-                                                             float* out1) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
-    const __m256 x2 = _mm256_loadu_ps(x + i + 16), x3 = _mm256_loadu_ps(x + i + 24);
-    a0 = _mm256_fmadd_ps(x0, bf16x8(w0 + i), a0);
-    b0 = _mm256_fmadd_ps(x0, bf16x8(w1 + i), b0);
-    a1 = _mm256_fmadd_ps(x1, bf16x8(w0 + i + 8), a1);
-    b1 = _mm256_fmadd_ps(x1, bf16x8(w1 + i + 8), b1);
-    a2 = _mm256_fmadd_ps(x2, bf16x8(w0 + i + 16), a2);
-    b2 = _mm256_fmadd_ps(x2, bf16x8(w1 + i + 16), b2);
-    a3 = _mm256_fmadd_ps(x3, bf16x8(w0 + i + 24), a3);
-    b3 = _mm256_fmadd_ps(x3, bf16x8(w1 + i + 24), b3);
-  }
-  __m256 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};
-  for (int c = 0; c < 4 && i < n; ++c, i += 8) {
-    alignas(32) float tx[8] = {};
-    alignas(16) uint16_t t0[8] = {}, t1[8] = {};
-    const int64_t take = n - i < 8 ? n - i : 8;
-    for (int64_t l = 0; l < take; ++l) {
-      tx[l] = x[i + l];
-      t0[l] = w0[i + l];
-      t1[l] = w1[i + l];
-    }
-    const __m256 xv = _mm256_load_ps(tx);
-    a[c] = _mm256_fmadd_ps(xv, bf16x8(t0), a[c]);
-    b[c] = _mm256_fmadd_ps(xv, bf16x8(t1), b[c]);
-  }
-  *out0 = hsum_canonical(a);
-  *out1 = hsum_canonical(b);
-}
-
 // Eight weights as f32: f32 as stored, bf16 widened.
 __attribute__((target("avx2,fma"))) inline __m256 load_w8(const float* p) {
   return _mm256_loadu_ps(p);
@@ -144,47 +105,50 @@ inline float widen(uint16_t v) {
   return bf16_to_f32(v);
 }
 
-// x . w, four lanes of the canonical order (lanes 8 c .. 8 c + 7 in a register), for x0 and x1 at once.
-template <typename W>
-__attribute__((target("avx2,fma"), always_inline)) inline void dot2_step(const float* x0, const float* x1,
-                                                                         const W* w, __m256& a, __m256& b) {
-  const __m256 wv = load_w8(w);
-  a = _mm256_fmadd_ps(_mm256_loadu_ps(x0), wv, a);
-  b = _mm256_fmadd_ps(_mm256_loadu_ps(x1), wv, b);
+// u . p and u . q, four lanes of the canonical order (lanes 8 c .. 8 c + 7 in a register), at once.
+template <typename U, typename P>
+__attribute__((target("avx2,fma"), always_inline)) inline void dot2_step(const U* u, const P* p, const P* q,
+                                                                         __m256& a, __m256& b) {
+  const __m256 uv = load_w8(u);
+  a = _mm256_fmadd_ps(load_w8(p), uv, a);
+  b = _mm256_fmadd_ps(load_w8(q), uv, b);
 }
 
-// Two canonical dots sharing the loads (and, for bf16, the conversion) of w: each row keeps its own four
-// accumulators, so every result is bitwise dot(x, w) (dot_bf16(x, w) for bf16 weights). The tail (n % 32)
-// goes through the single-row kernels' order: zero-filled lanes add 0*0.
-template <typename W>
-__attribute__((target("avx2,fma"))) void dot2_avx2(const float* x0, const float* x1, const W* w, int64_t n,
-                                                   float* out0, float* out1) {
+// Two canonical dots that share an operand, u . p and u . q: u's loads (and, for bf16, its conversion) serve
+// both, and each keeps its own four accumulators, so every result is bitwise the single dot's (dot, or
+// dot_bf16 for bf16 weights; a multiply-add does not depend on its factors' order). u is one weight row
+// against two inputs (a step's rows in pairs), or one input against two bf16 weight rows (a decode step:
+// the two chains overlap where one dot's was latency-bound). The tail (n % 32) goes through the single-row
+// kernels' order: zero-filled lanes add 0*0.
+template <typename U, typename P>
+__attribute__((target("avx2,fma"))) void dot2_avx2(const U* u, const P* p, const P* q, int64_t n,
+                                                   float* out_p, float* out_q) {
   // Named accumulators stay in registers; as an array, GCC at -O2 kept them in memory, and every
   // multiply-add then waited on a store and a load (prefill 1.5x slower).
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    dot2_step(x0 + i, x1 + i, w + i, a0, b0);
-    dot2_step(x0 + i + 8, x1 + i + 8, w + i + 8, a1, b1);
-    dot2_step(x0 + i + 16, x1 + i + 16, w + i + 16, a2, b2);
-    dot2_step(x0 + i + 24, x1 + i + 24, w + i + 24, a3, b3);
+    dot2_step(u + i, p + i, q + i, a0, b0);
+    dot2_step(u + i + 8, p + i + 8, q + i + 8, a1, b1);
+    dot2_step(u + i + 16, p + i + 16, q + i + 16, a2, b2);
+    dot2_step(u + i + 24, p + i + 24, q + i + 24, a3, b3);
   }
   __m256 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};
   for (int c = 0; c < 4 && i < n; ++c, i += 8) {
-    alignas(32) float t0[8] = {}, t1[8] = {};
-    alignas(32) W tw[8] = {};
+    alignas(32) U tu[8] = {};
+    alignas(32) P tp[8] = {}, tq[8] = {};
     const int64_t take = n - i < 8 ? n - i : 8;
     for (int64_t l = 0; l < take; ++l) {
-      t0[l] = x0[i + l];
-      t1[l] = x1[i + l];
-      tw[l] = w[i + l];
+      tu[l] = u[i + l];
+      tp[l] = p[i + l];
+      tq[l] = q[i + l];
     }
-    const __m256 wv = load_w8(tw);
-    a[c] = _mm256_fmadd_ps(_mm256_load_ps(t0), wv, a[c]);
-    b[c] = _mm256_fmadd_ps(_mm256_load_ps(t1), wv, b[c]);
+    const __m256 uv = load_w8(tu);
+    a[c] = _mm256_fmadd_ps(load_w8(tp), uv, a[c]);
+    b[c] = _mm256_fmadd_ps(load_w8(tq), uv, b[c]);
   }
-  *out0 = hsum_canonical(a);
-  *out1 = hsum_canonical(b);
+  *out_p = hsum_canonical(a);
+  *out_q = hsum_canonical(b);
 }
 
 // add_scaled's loop eight floats at a time: _mm256_mul_ps and _mm256_add_ps round as the scalar operations.
@@ -589,7 +553,7 @@ float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
 void dot2(const float* x0, const float* x1, const float* w, int64_t n, float* out0, float* out1) {
 #if PD_X86
   if (kHasAvx2) {
-    dot2_avx2(x0, x1, w, n, out0, out1);
+    dot2_avx2(w, x0, x1, n, out0, out1);
     return;
   }
 #endif
@@ -683,7 +647,7 @@ void dot_ref(const RowRef& w, int64_t n, const float* const* xs, int64_t count, 
   if (w.bf16 != nullptr) {
 #if PD_X86
     if (kHasAvx2) {
-      for (; i + 2 <= count; i += 2) dot2_avx2(xs[i], xs[i + 1], w.bf16, n, &out[i], &out[i + 1]);
+      for (; i + 2 <= count; i += 2) dot2_avx2(w.bf16, xs[i], xs[i + 1], n, &out[i], &out[i + 1]);
     }
 #endif
     for (; i < count; ++i) out[i] = dot_bf16(xs[i], w.bf16, n);
@@ -720,7 +684,7 @@ void dot_block(const Matrix& m, int64_t r0, int nb, const float* const* xs, int6
         const uint16_t *w0 = w + i * m.cols, *w1 = w0 + m.cols;
         dot_ref({.bf16 = w0}, m.cols, xs, last, out + i * count);
         dot_ref({.bf16 = w1}, m.cols, xs, last, out + (i + 1) * count);
-        dot_bf16_rows2_avx2(xs[last], w0, w1, m.cols, out + i * count + last, out + (i + 1) * count + last);
+        dot2_avx2(xs[last], w0, w1, m.cols, out + i * count + last, out + (i + 1) * count + last);
       }
       if (i < nb) dot_ref({.bf16 = w + i * m.cols}, m.cols, xs, count, out + i * count);
       return;
