@@ -10,7 +10,6 @@ namespace pd::cuda::gdn_prefill {
 
 constexpr int kChunk = kGdnPrefillChunk;
 constexpr int kThreads = 256;
-constexpr int kTS = kChunk + 1;  // row stride of the [64, 64] shared tiles (no bank conflicts)
 
 // e^x for a log decay x <= 0, or 0 below e^-50: as the CPU backend (gdn_chunked.cpp, which flushes these for
 // speed); every sum has an undecayed term next to which such a term never shows in fp32.

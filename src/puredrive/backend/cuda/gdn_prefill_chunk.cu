@@ -5,6 +5,8 @@
 namespace pd::cuda::gdn_prefill {
 namespace {
 
+constexpr int kTS = kChunk + 1;  // row stride of the chunk kernel's [64, 64] tiles (no bank conflicts)
+
 // out[i][c] = S(i, c) + sum_{m < i} T[i][m] S(m, c), the terms in ascending m after the diagonal, for rows
 // i < L and columns c < cols (T strictly lower, [64][kTS]; S(m, c) reads staged rows). Warp w owns rows
 // w + 8a and lane l columns c0 + l + 32b, so one load of T serves four columns and one of S eight rows.
