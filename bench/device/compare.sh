@@ -53,6 +53,12 @@ if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
     with cand timeout "${PD_TEST_S:-300}" build/cand/bin/$t >"$det/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
     grep -E '^\[  FAILED  \]' "$det/$t.log" | head -20 | tee -a "$out/summary.txt"
+    if [ "$t" = cuda_ops_tests ]; then  # the prefill paths that the wgmma kernels replace by default
+      with cand env PD_ATTN_WGMMA=0 PD_MMA_TMA=0 timeout 120 build/cand/bin/$t \
+        --gtest_filter='CudaAttention.Prefill*:CudaPrefill.*:CudaInputNorm.Matmuls*' >"$det/${t}_mma_sync.log" 2>&1
+      echo "$t (mma.sync prefill) rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/${t}_mma_sync.log" | tr '\n' ' ')" |
+        tee -a "$out/summary.txt"
+    fi
   done
   if [ -x build/cand/bin/puredrive_check ] && [ "${PD_SKIP_CHECK:-0}" != 1 ]; then
     for d in tests/fixtures/*/ models/tiny-coder/; do

@@ -109,6 +109,9 @@ if [ "${PD_DISK_ONLY:-0}" = 1 ]; then
   exit 0
 fi
 run_phase "cuda_ops_tests" 150 "$bin/cuda_ops_tests"
+# The prefill paths that Hopper's wgmma kernels replace by default stay tested: the same tests on mma.sync.
+run_phase "cuda_ops_tests (mma.sync prefill)" 60 env PD_ATTN_WGMMA=0 PD_MMA_TMA=0 "$bin/cuda_ops_tests" \
+  --gtest_filter='CudaAttention.Prefill*:CudaPrefill.*:CudaInputNorm.Matmuls*'
 run_phase "cuda_model_tests" 150 "$bin/cuda_model_tests"
 run_phase "cuda_sampling_tests" 150 "$bin/cuda_sampling_tests"
 [ -x "$bin/cuda_generator_tests" ] && run_phase "cuda_generator_tests" 150 "$bin/cuda_generator_tests"

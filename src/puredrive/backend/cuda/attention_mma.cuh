@@ -76,5 +76,8 @@ void set_attn_decode_smem_limit(size_t bytes);
 bool attn_prefill_supported(const AttentionLaunch& a);
 void launch_attn_prefill(const AttentionLaunch& a, const float* qbuf, cudaStream_t stream);
 void set_attn_prefill_smem_limit(size_t bytes);
+// The same on Hopper's wgmma (attention_prefill_wgmma.cu; PD_ATTN_WGMMA=0 turns it off): the shapes it takes.
+bool attn_prefill_wgmma_takes(const AttentionLaunch& a);
+void launch_attn_prefill_wgmma(const AttentionLaunch& a, const float* qbuf, cudaStream_t stream);
 
 }  // namespace pd::cuda

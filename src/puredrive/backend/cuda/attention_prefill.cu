@@ -225,6 +225,10 @@ bool attn_prefill_supported(const AttentionLaunch& a) {
 }
 
 void launch_attn_prefill(const AttentionLaunch& a, const float* qbuf, cudaStream_t stream) {
+  if (attn_prefill_wgmma_takes(a)) {
+    launch_attn_prefill_wgmma(a, qbuf, stream);
+    return;
+  }
   // Head-major grid: the heads of one KV group run side by side and share its key tiles in L2.
   const dim3 grid(static_cast<unsigned>(a.num_heads),
                   static_cast<unsigned>((a.rows + kRows - 1) / kRows + 1));

@@ -57,22 +57,6 @@ __device__ __forceinline__ void block_part(int tile, const int* n_tiles_end, int
   *nt = tile - (q == 0 ? 0 : n_tiles_end[q - 1]);
 }
 
-// The ring's start in dynamic shared memory: swizzled tiles need 1024-byte alignment (kSmem and kGSmem keep
-// 1024 bytes for it).
-__device__ __forceinline__ uint8_t* ring_base(uint8_t* smem_raw) {
-  return smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-}
-
-// The producer's turn at stage kt: waits until the consumers gave the slot back (from the second round on)
-// and expects `bytes` on its full barrier; returns the slot.
-__device__ __forceinline__ int acquire_stage(uint64_t* full, uint64_t* empty, int kt, int stages,
-                                             uint32_t bytes) {
-  const int s = kt % stages;
-  if (kt >= stages) wait_stage(&empty[s], static_cast<uint32_t>((kt / stages - 1) & 1));
-  mbar_expect(&full[s], bytes);
-  return s;
-}
-
 // Thread 0 sets up the ring's barriers: a full barrier per stage (the producer's arrival with the copies'
 // bytes), an empty one (one arrival per consumer warp). The block barrier that follows publishes them.
 __device__ __forceinline__ void init_stages(uint64_t* full, uint64_t* empty, int stages) {
@@ -534,6 +518,18 @@ void launch_moe(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream
 }
 
 }  // namespace
+
+bool encode_bf16_tile_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int64_t row_stride,
+                          int box_cols, int box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  return device_has_wgmma() && encode_map(map, 2, data, dims, strides, box);
+}
+
+bool wgmma_available() {
+  return device_has_wgmma();
+}
 
 bool mma_tma_available() {
   static const bool on = env_switch_on("PD_MMA_TMA");
