@@ -174,44 +174,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(sc);
-    // Rows g (pos0) and g + 8 (pos1) of the warp; this lane holds keys k0 + 8 nb + 2t + {0, 1} in
-    // sc[4 nb + e] (row g) and sc[4 nb + 2 + e] (row g + 8).
-    float mt0 = -INFINITY, mt1 = -INFINITY;
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = k0 + nb * 8 + 2 * t + e;
-        if (key <= pos0) mt0 = fmaxf(mt0, sc[4 * nb + e]);
-        if (key <= pos1) mt1 = fmaxf(mt1, sc[4 * nb + 2 + e]);
-      }
-    }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-      mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, off));
-      mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, off));
-    }
-    const float n0 = fmaxf(m0, mt0), n1 = fmaxf(m1, mt1);
-    const float al0 = n0 == -INFINITY ? 1.0f : exp2f((m0 - n0) * sl2);
-    const float al1 = n1 == -INFINITY ? 1.0f : exp2f((m1 - n1) * sl2);
-    float rs0 = 0.0f, rs1 = 0.0f;
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = k0 + nb * 8 + 2 * t + e;
-        const float p0v = key <= pos0 ? exp2f((sc[4 * nb + e] - n0) * sl2) : 0.0f;
-        const float p1v = key <= pos1 ? exp2f((sc[4 * nb + 2 + e] - n1) * sl2) : 0.0f;
-        sc[4 * nb + e] = p0v;
-        sc[4 * nb + 2 + e] = p1v;
-        rs0 = rs0 + p0v;
-        rs1 = rs1 + p1v;
-      }
-    }
-    l0 = l0 * al0 + rs0;
-    l1 = l1 * al1 + rs1;
-    m0 = n0;
-    m1 = n1;
+    // This lane's key block nb is sc[4 nb .. 4 nb + 3], as an m16n8 accumulator.
+    auto score = [&](int nb, int e) -> float& { return sc[4 * nb + e]; };
+    float al0, al1;
+    attn::softmax_tile(score, k0, t, pos0, pos1, sl2, m0, m1, l0, l1, al0, al1);
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
       o[4 * n] = o[4 * n] * al0;
@@ -220,13 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[4 * n + 3] = o[4 * n + 3] * al1;
     }
     uint32_t pa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      pa[kk][0] = attn::pack_bf16(sc[8 * kk], sc[8 * kk + 1]);
-      pa[kk][1] = attn::pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = attn::pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = attn::pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-    }
+    attn::probability_fragments(score, pa);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -236,26 +196,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(o);
     if (lane == 0) mbar_arrive(&empty[s]);
   }
-  l0 = l0 + __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 = l0 + __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 = l1 + __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 = l1 + __shfl_xor_sync(0xffffffffu, l1, 2);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = warp * 16 + g + 8 * half;
-    if (r >= nr) continue;
-    const int64_t row = rb + r;
-    const bool valid = (half == 0 ? pos0 : pos1) >= 0;
-    const float l = half == 0 ? l0 : l1;
-    const float* gate = a.qg + row * a.qg_stride + static_cast<int64_t>(h) * 2 * kD + kD;
-    float* out = a.out + row * a.out_stride + static_cast<int64_t>(h) * kD;
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      const int d = n * 8 + 2 * t;
-      out[d] = valid ? (o[4 * n + 2 * half] / l) * sigmoidf_(gate[d]) : 0.0f;
-      out[d + 1] = valid ? (o[4 * n + 2 * half + 1] / l) * sigmoidf_(gate[d + 1]) : 0.0f;
-    }
-  }
+  attn::write_gated_rows<kD>(a, h, rb, nr, warp, g, t, pos0, pos1, l0, l1,
+                             [&](int n, int e) { return o[4 * n + e]; });
 #endif
 }
 
