@@ -61,6 +61,33 @@ __device__ __forceinline__ void issue_kv_tile(uint16_t* tile, const uint16_t* ca
   }
 }
 
+// A prefill query tile's rows: the step's rows whose positions fall in one 64-aligned block of positions. The
+// first row sits at position p0, so tile boundaries fall where p0 + r is a multiple of 64 (for the
+// consecutive positions a model step has; any positions stay correct). Rows [rb, rb + nr) of tile qt; nr <=
+// 0: none.
+struct QueryTile {
+  int rb, nr;
+};
+__device__ __forceinline__ QueryTile query_tile(const AttentionLaunch& a, int qt) {
+  const int32_t p0 = a.positions[0];
+  const int lead = ((p0 % kAttnTile) + kAttnTile) % kAttnTile;
+  const int rb = qt * kAttnTile - lead > 0 ? qt * kAttnTile - lead : 0;
+  const int re = (qt + 1) * kAttnTile - lead < a.rows ? (qt + 1) * kAttnTile - lead : a.rows;
+  return {rb, re - rb};
+}
+// Thread tid < 64 writes the position of the tile's row tid into spos (-1: past the tile, or not a position
+// of the cache).
+__device__ __forceinline__ void tile_positions(const AttentionLaunch& a, QueryTile q, int tid, int* spos) {
+  if (tid < kAttnTile) {
+    int p = -1;
+    if (tid < q.nr) {
+      p = a.positions[static_cast<int64_t>(q.rb + tid) * a.position_stride];
+      if (p < 0 || p >= a.capacity) p = -1;
+    }
+    spos[tid] = p;
+  }
+}
+
 // The prefill kernels' online-softmax step over one 64-key tile, for a warp's rows g (at position pos0) and
 // g + 8 (pos1) of its 16: sc(nb, e) is this lane's score of key k0 + 8 nb + 2 t + (e & 1), row g for e < 2
 // and g + 8 for e >= 2 (an m16n8 accumulator per key block nb). The scores become probabilities (exactly zero

@@ -41,24 +41,12 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttentionLaunch 
   int* spos = reinterpret_cast<int*>(vs + kAttnTile * kLd);
   const int h = static_cast<int>(blockIdx.x), qt = static_cast<int>(blockIdx.y);
   const int hq = a.num_heads, kh = h / (hq / a.num_kv_heads);
-  // Rows of this query tile: the first row sits at position p0, so tile boundaries fall where p0 + r is a
-  // multiple of 64 (for the consecutive positions a model step has; any positions stay correct).
-  const int32_t p0 = a.positions[0];
-  const int lead = ((p0 % kRows) + kRows) % kRows;
-  const int rb = qt * kRows - lead > 0 ? qt * kRows - lead : 0;
-  const int re = (qt + 1) * kRows - lead < a.rows ? (qt + 1) * kRows - lead : a.rows;
-  if (rb >= re) return;
-  const int nr = re - rb;
+  const attn::QueryTile tile = attn::query_tile(a, qt);
+  if (tile.nr <= 0) return;
+  const int rb = tile.rb, nr = tile.nr;
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
-  if (tid < kRows) {
-    int p = -1;
-    if (tid < nr) {
-      p = a.positions[static_cast<int64_t>(rb + tid) * a.position_stride];
-      if (p < 0 || p >= a.capacity) p = -1;
-    }
-    spos[tid] = p;
-  }
+  attn::tile_positions(a, tile, tid, spos);
   for (int i = tid; i < kRows * kDimBlocks; i += kThreads) {
     const int r = i / kDimBlocks, ch = i - r * kDimBlocks;
     uint4 packed = make_uint4(0, 0, 0, 0);

@@ -64,12 +64,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const AttentionLaunch& a = j.a;
   const int h0 = static_cast<int>(blockIdx.x) * kHeads, qt = static_cast<int>(blockIdx.y);
   const int kh = h0 / (a.num_heads / a.num_kv_heads);
-  const int32_t p0 = a.positions[0];
-  const int lead = ((p0 % kRows) + kRows) % kRows;
-  const int rb = qt * kRows - lead > 0 ? qt * kRows - lead : 0;
-  const int re = (qt + 1) * kRows - lead < a.rows ? (qt + 1) * kRows - lead : a.rows;
-  if (rb >= re) return;  // uniform over the block
-  const int nr = re - rb;
+  const attn::QueryTile tile = attn::query_tile(a, qt);
+  if (tile.nr <= 0) return;  // uniform over the block
+  const int rb = tile.rb, nr = tile.nr;
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -79,14 +76,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(zeroed, 128);
     mbar_init_fence();
   }
-  if (tid < kRows) {
-    int p = -1;
-    if (tid < nr) {
-      p = a.positions[static_cast<int64_t>(rb + tid) * a.position_stride];
-      if (p < 0 || p >= a.capacity) p = -1;
-    }
-    spos[tid] = p;
-  }
+  attn::tile_positions(a, tile, tid, spos);
   __syncthreads();
   int max_pos = -1;
   for (int r = 0; r < kRows; ++r) max_pos = spos[r] > max_pos ? spos[r] : max_pos;
