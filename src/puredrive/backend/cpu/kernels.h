@@ -75,6 +75,9 @@ bool has_avx2();
 // (m.cols floats). MLX affine: w = scale * q + bias in f32 (one product, one sum, no fused rounding).
 const float* matrix_row(const Matrix& m, int64_t r, float* buf);
 void dequantize_row(const Matrix& m, int64_t r, float* out);
+// dot(x, row r of affine m) in the canonical order: with AVX2 the row is decoded in registers (a decode
+// step's one input), not written to buf and read back; otherwise dequantised into buf (m.cols floats).
+float dot_affine_row(const float* x, const Matrix& m, int64_t r, float* buf);
 // Bytes of m read by one pass (codes + scales + biases for affine).
 int64_t matrix_bytes(const Matrix& m);
 
