@@ -8,7 +8,7 @@
 # Environment: PD_BUDGET_S (seconds for the whole script, default 400), PD_QUANTS (default "bf16 q8 q6"; the
 # first gets PD_CONTEXTS, default 2k,32k, and PD_FIRST_BENCH_S seconds; the others PD_OTHER_CONTEXTS and
 # PD_OTHER_BENCH_S), PD_TOKENS (decode tokens per cell, default 128), PD_PREFILL_CHUNK (rows per prefill
-# step, default 256: the tiled kernels), PD_FILL (bench --fill, default auto: cells above 64K tokens get the
+# step, default 0: the bench chooses, as a session would), PD_FILL (bench --fill, default auto: cells above 64K tokens get the
 # synthetic KV / GDN fill, so PD_CONTEXTS=2k,32k,128k,256k costs about 10 s more per long cell than the
 # default; give PD_FIRST_BENCH_S room for them), PD_RACECHECK_S, PD_SKIP_SANITIZER=1, PD_CHECK_S (seconds per
 # `puredrive check`, default 40), PD_SKIP_CHECK=1. PD_MTP_DRAFT (default 2; 0: none): every bench cell also
@@ -141,7 +141,7 @@ fi
 bench() {
   local q=$1 secs=$2 ctx=$3
   run_phase "bench $q $ctx" "$secs" "$bin/puredrive_device" bench --synth qwen3.5-35b-a3b --quant "$q" \
-    --contexts "$ctx" --tokens "$tokens" --profile-steps 3 --prefill-chunk "${PD_PREFILL_CHUNK:-256}" \
+    --contexts "$ctx" --tokens "$tokens" --profile-steps 3 --prefill-chunk "${PD_PREFILL_CHUNK:-0}" \
     --fill "${PD_FILL:-auto}" ${mtp_args[@]+"${mtp_args[@]}"} --json "$out/bench_$q.json" --markdown "$out/bench_$q.md" \
     --commit "$commit" --note "$dirty"
   [ -f "$out/bench_$q.json" ] && python3 - "$out/bench_$q.json" >>"$summary" <<'PY'
@@ -195,7 +195,7 @@ ncu_step() {
   run_phase "ncu $q decode step" "${PD_NCU_S:-120}" "$ncu_bin" --clock-control none --cache-control none --nvtx \
     --nvtx-include "pd_decode_step/" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     --csv --print-units base --log-file "$out/ncu_$q.csv" "$bin/puredrive_device" bench --synth qwen3.5-35b-a3b \
-    --quant "$q" --contexts 2k --tokens 4 --verify-iters 1 --profile-steps 1 --prefill-chunk 256
+    --quant "$q" --contexts 2k --tokens 4 --verify-iters 1 --profile-steps 1 --prefill-chunk 0
   [ -f "$out/ncu_$q.csv" ] && python3 - "$out/ncu_$q.csv" "$q" >>"$summary" <<'PY'
 import csv, re, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
