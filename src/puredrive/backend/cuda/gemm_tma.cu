@@ -35,13 +35,6 @@ constexpr uint32_t kBTile = kCols * kK * 2;
 constexpr uint32_t kStageBytes = 2 * kATile + kBTile;                     // hi, lo, weights
 constexpr size_t kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // tiles, barriers, alignment
 
-// PD_PREFILL_ACT_LO=0 (experiment): the products take the activations' bf16 hi halves only, one product per
-// weight instead of two (about 8 bits of each activation instead of 16).
-bool activations_lo() {
-  static const bool on = env_switch_on("PD_PREFILL_ACT_LO");
-  return on;
-}
-
 struct TmaJob {                 // 64-byte aligned, as CUtensorMap is
   CUtensorMap hi, lo;           // activations [rows, K] bf16
   CUtensorMap w[kMmaMaxParts];  // each part's weights [N, K] bf16
@@ -53,7 +46,6 @@ struct TmaJob {                 // 64-byte aligned, as CUtensorMap is
   int rows;
   int k_tiles;
   bool accumulate;
-  bool lo_on;  // the activations' lo halves too (activations_lo)
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -84,7 +76,7 @@ __device__ __forceinline__ void init_stages(uint64_t* full, uint64_t* empty, int
 template <int kStagesT, uint32_t kStageBytesT, int N>
 __device__ __forceinline__ void multiply(float (&acc)[N], const uint8_t* smem, uint64_t* full,
                                          uint64_t* empty, int k_tiles, uint32_t a_hi, uint32_t a_lo,
-                                         uint32_t b, bool lo) {
+                                         uint32_t b) {
   static_assert(N == 64 || N == 128, "m64n128k16 or m64n256k16 accumulators");
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int s = kt % kStagesT;
@@ -96,10 +88,10 @@ __device__ __forceinline__ void multiply(float (&acc)[N], const uint8_t* smem, u
       const uint64_t w = tile_desc(base + b + 32 * kk);
       if constexpr (N == 128) {
         wgmma_m64n256k16(acc, tile_desc(base + a_hi + 32 * kk), w);
-        if (lo) wgmma_m64n256k16(acc, tile_desc(base + a_lo + 32 * kk), w);
+        wgmma_m64n256k16(acc, tile_desc(base + a_lo + 32 * kk), w);
       } else {
         wgmma_m64n128k16(acc, tile_desc(base + a_hi + 32 * kk), w);
-        if (lo) wgmma_m64n128k16(acc, tile_desc(base + a_lo + 32 * kk), w);
+        wgmma_m64n128k16(acc, tile_desc(base + a_lo + 32 * kk), w);
       }
     }
     wgmma_commit();
@@ -127,10 +119,10 @@ __global__ void __launch_bounds__(kThreads, 1) tma_mma_kernel(const __grid_const
   if (tid < 128) {
     if (tid == 0) {
       for (int kt = 0; kt < j.k_tiles; ++kt) {
-        const int s = acquire_stage(full, empty, kt, kStages, j.lo_on ? kStageBytes : kStageBytes - kATile);
+        const int s = acquire_stage(full, empty, kt, kStages, kStageBytes);
         uint8_t* const stage = smem + s * kStageBytes;
         tma_load(stage, &j.hi, kt * kK, m0, &full[s]);
-        if (j.lo_on) tma_load(stage + kATile, &j.lo, kt * kK, m0, &full[s]);
+        tma_load(stage + kATile, &j.lo, kt * kK, m0, &full[s]);
         tma_load(stage + 2 * kATile, &j.w[p], kt * kK, nt * kCols, &full[s]);
       }
     }
@@ -143,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) tma_mma_kernel(const __grid_const
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
   multiply<kStages, kStageBytes>(acc, smem, full, empty, j.k_tiles, wg * (kATile / 2),
-                                 wg * (kATile / 2) + kATile, 2 * kATile, j.lo_on);
+                                 wg * (kATile / 2) + kATile, 2 * kATile);
   pdl_launch_dependents();
 
   // Accumulator 4 i + e of a thread (warp w of its warpgroup, lane = 4 g + t): row 16 w + g (+ 8 for e >= 2),
@@ -219,7 +211,6 @@ struct TmaMoeJob {                           // 64-byte aligned, as CUtensorMap 
   int parts;
   bool dual;
   bool accumulate;
-  bool lo_on;
 };
 
 __global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_constant__ TmaMoeJob j) {
@@ -260,13 +251,11 @@ __global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_const
     if (tid == 0) {
       const int w0 = nt * (j.dual ? 128 : 256);  // of the expert's matrix (rows past it read as zeros)
       for (int kt = 0; kt < j.k_tiles[p]; ++kt) {
-        const int s =
-            acquire_stage(full, empty, kt, kGStages, j.lo_on ? kGStageBytes : kGStageBytes - kGATile);
-        const int k = kt * kK;
+        const int s = acquire_stage(full, empty, kt, kGStages, kGStageBytes), k = kt * kK;
         uint8_t* const stage = smem + s * kGStageBytes;
         uint8_t* const b = stage + 2 * kGATile;
         tma_load(stage, &j.hi[p], k, t * kGRows, &full[s]);
-        if (j.lo_on) tma_load(stage + kGATile, &j.lo[p], k, t * kGRows, &full[s]);
+        tma_load(stage + kGATile, &j.lo[p], k, t * kGRows, &full[s]);
         for (int q = 0; q < 4; ++q) {
           // A pair: gate 0-63, up 0-63, gate 64-127, up 64-127; else weight rows 64 q .. 64 q + 63.
           const CUtensorMap* map = j.dual && (q & 1) != 0 ? &j.w2[p] : &j.w[p];
@@ -283,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_const
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
   multiply<kGStages, kGStageBytes>(acc, smem, full, empty, j.k_tiles[p], 0, kGATile,
-                                   2 * kGATile + wg * 2 * kGBox, j.lo_on);
+                                   2 * kGATile + wg * 2 * kGBox);
   pdl_launch_dependents();
 
   const int lane = tid & 31, warp = (tid >> 5) & 3;
@@ -476,7 +465,6 @@ void launch_dense(const MmaJob& j, void* scratch, cudaStream_t stream) {
   t.rows = rows;
   t.k_tiles = static_cast<int>((K + kK - 1) / kK);
   t.accumulate = j.accumulate;
-  t.lo_on = activations_lo();
   const int64_t quads = static_cast<int64_t>(rows) * (K / 4);
   launch_pdl(split_rows_kernel, dim3(static_cast<unsigned>((quads + 255) / 256)), dim3(256), 0, stream,
              first.x, first.xs, rows, K, hi, lo);
@@ -525,7 +513,6 @@ void launch_moe(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream
   t.parts = j.parts;
   t.dual = j.dual;
   t.accumulate = j.accumulate;
-  t.lo_on = activations_lo();
   launch_pdl(tma_moe_kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(m_tiles)),
              dim3(kThreads), kGSmem, stream, t);
 }
