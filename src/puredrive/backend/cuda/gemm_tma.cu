@@ -360,10 +360,7 @@ bool encode_map(CUtensorMap* map, cuuint32_t rank, const void* data, const cuuin
 
 // A bf16 matrix [rows, cols] (rows of cols elements, contiguous) read in boxes of box_rows x kK.
 bool tile_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int box_rows) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {kK, static_cast<cuuint32_t>(box_rows)};
-  return encode_map(map, 2, data, dims, strides, box);
+  return encode_bf16_tile_map(map, data, rows, cols, cols, kK, box_rows);
 }
 
 // Stacked experts [experts, rows, cols] (data_stride bytes apart) read in boxes of 64 rows x kK of one
@@ -524,7 +521,7 @@ bool encode_bf16_tile_map(CUtensorMap* map, const void* data, int64_t rows, int6
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * 2};
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  return device_has_wgmma() && encode_map(map, 2, data, dims, strides, box);
+  return encode_map(map, 2, data, dims, strides, box);
 }
 
 bool wgmma_available() {

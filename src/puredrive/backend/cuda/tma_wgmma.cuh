@@ -15,7 +15,8 @@ namespace pd::cuda {
 // an sm_90 device, with the driver's tensor-map encoder).
 bool wgmma_available();
 // A bf16 matrix [rows, cols], rows row_stride elements apart, read in 128-byte-swizzled boxes of box_rows x
-// box_cols (box_cols x 2 bytes at most 128), zeros past its ends. False when the build or device cannot.
+// box_cols (box_cols x 2 bytes at most 128), zeros past its ends. Only where wgmma_available(); false when
+// the driver refuses the map.
 bool encode_bf16_tile_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int64_t row_stride,
                           int box_cols, int box_rows);
 }  // namespace pd::cuda
