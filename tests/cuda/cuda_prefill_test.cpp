@@ -204,10 +204,10 @@ TEST_F(CudaPrefill, MatmulsEqualMatmulPerTarget) {
   }
 }
 
-// Hopper builds (sm_90a) run the bf16 products of matmul and matmuls on wgmma
-// (gemm_tma.cu); the mma.sync kernel agrees to rounding, and both with a double product: one to four parts,
-// activation rows and weight rows cutting the 128 x 256 tiles short, columns ending inside a 64-column stage,
-// overwrite and add. Two runs give the same bits.
+// Hopper builds (sm_90a) run the bf16 and the 2/4/6/8-bit affine products of matmul and matmuls on wgmma
+// (gemm_tma.cu, gemm_tma_affine.cu); the mma.sync kernel agrees to rounding, and both with a double product:
+// one to four parts, activation rows and weight rows cutting the tiles short, columns ending inside a
+// 64-column stage, every affine group size and scale dtype, overwrite and add. Two runs give the same bits.
 TEST_F(CudaPrefill, TmaProductsAgreeWithMmaSync) {
   if (!cuda::mma_tma_available()) {
     GTEST_SKIP() << "PD_MMA_TMA=0, or not an sm_90a build on a compute capability 9.0 device";
@@ -220,87 +220,117 @@ TEST_F(CudaPrefill, TmaProductsAgreeWithMmaSync) {
     return d;
   };
   std::vector<void*> owned;
-  for (const int64_t K : {40, 264, 2048}) {
-    std::vector<std::unique_ptr<test::OwnedMatrix>> ws;
-    std::vector<cuda::DevMatrix> dm;
-    for (const int64_t n : widths) {
-      ws.push_back(test::make_matrix(rng_, n, K, WeightFormat::kBF16));
-      cuda::DevMatrix m;
+  auto device_matrix = [&](const test::OwnedMatrix& w) {
+    cuda::DevMatrix m;
+    m.rows = w.m.rows;
+    m.cols = w.m.cols;
+    m.data = device_copy(w.data.data(), w.data.size());
+    owned.push_back(const_cast<void*>(m.data));
+    if (w.m.format == WeightFormat::kBF16) {
       m.fmt = cuda::WFmt::kBF16;
-      m.rows = n;
-      m.cols = K;
-      m.data = device_copy(ws.back()->data.data(), static_cast<size_t>(n * K * 2));
-      owned.push_back(const_cast<void*>(m.data));
-      dm.push_back(m);
+      return m;
     }
-    for (const int parts : {1, 4}) {
-      for (const int R : {1, 130, 300}) {
-        if (cudatest::quick() && R == 300) continue;
-        for (const bool add : {false, true}) {
-          SCOPED_TRACE(fmt::format("K={} parts={} R={} add={}", K, parts, R, add));
-          const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
-          void* xd = device_copy(x.data(), x.size() * 4);
-          owned.push_back(xd);
-          std::vector<std::vector<float>> init(static_cast<size_t>(parts));
-          std::vector<void*> out_tma, out_mma;
-          cuda::MmaJob j;
-          j.parts = parts;
-          j.accumulate = add;
-          j.tile_cols = cuda::mma_tile_cols(dm[0], nullptr);
-          for (int i = 0; i < parts; ++i) {
-            init[i] = test::random_vector(rng_, static_cast<size_t>(R * widths[i]));
-            out_tma.push_back(device_copy(init[i].data(), init[i].size() * 4));
-            out_mma.push_back(device_copy(init[i].data(), init[i].size() * 4));
-            owned.push_back(out_tma.back());
-            owned.push_back(out_mma.back());
-            cuda::MmaPart& p = j.part[i];
-            p.w = dm[i];
-            p.x = static_cast<const float*>(xd);
-            p.xs = K;
-            p.rows = R;
-            p.os = widths[i];
-            p.n_tiles_end = (i == 0 ? 0 : j.part[i - 1].n_tiles_end) +
-                            static_cast<int>((widths[i] + j.tile_cols - 1) / j.tile_cols);
-          }
-          ASSERT_TRUE(cuda::mma_tma_takes(j));
-          const int tiles = (R + cuda::kMmaRows - 1) / cuda::kMmaRows;
-          void* scratch = nullptr;
-          ASSERT_EQ(cudaMalloc(&scratch, static_cast<size_t>(cuda::mma_tma_scratch_bytes(j, tiles))),
-                    cudaSuccess);
-          owned.push_back(scratch);
-          auto run = [&](const std::vector<void*>& outs, bool tma) {
-            for (int i = 0; i < parts; ++i) j.part[i].out = static_cast<float*>(outs[i]);
-            if (tma) {
-              cuda::launch_mma_tma(j, tiles, scratch, nullptr);
-            } else {
-              cuda::launch_mma(j, tiles, nullptr);
-            }
-            EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          };
-          auto fetch = [&](const std::vector<void*>& outs) {
-            std::vector<std::vector<float>> v;
+    m.fmt = cuda::WFmt::kAffine;
+    m.bits = w.m.bits;
+    m.group_size = w.m.group_size;
+    m.scale_dtype = w.m.scale_dtype == DType::kF32   ? cuda::SDType::kF32
+                    : w.m.scale_dtype == DType::kF16 ? cuda::SDType::kF16
+                                                     : cuda::SDType::kBF16;
+    m.scales = device_copy(w.scales.data(), w.scales.size());
+    m.biases = device_copy(w.biases.data(), w.biases.size());
+    owned.push_back(const_cast<void*>(m.scales));
+    owned.push_back(const_cast<void*>(m.biases));
+    return m;
+  };
+  struct Case {
+    FormatCase f;
+    std::vector<int64_t> ks;
+  };
+  // Affine columns: a 32-column group ending a stage early (96), 64- and 128-column groups over odd stage
+  // counts (320, 384).
+  const std::vector<Case> cases = {{{WeightFormat::kBF16}, {40, 264, 2048}},
+                                   {{WeightFormat::kAffine, 8, 64}, {192, 2048}},
+                                   {{WeightFormat::kAffine, 6, 64}, {320, 2048}},
+                                   {{WeightFormat::kAffine, 4, 32, DType::kF16}, {96, 2048}},
+                                   {{WeightFormat::kAffine, 2, 128, DType::kF32}, {384, 2048}}};
+  for (const Case& c : cases) {
+    if (c.f.format == WeightFormat::kAffine && !cuda::env_switch_on("PD_AFFINE_TMA")) continue;
+    for (const int64_t K : c.ks) {
+      std::vector<std::unique_ptr<test::OwnedMatrix>> ws;
+      std::vector<cuda::DevMatrix> dm;
+      for (const int64_t n : widths) {
+        ws.push_back(test::make_matrix(rng_, n, K, c.f.format, c.f.bits, c.f.group, 0.5f, c.f.scale_dtype));
+        dm.push_back(device_matrix(*ws.back()));
+      }
+      for (const int parts : {1, 4}) {
+        for (const int R : {1, 130, 300}) {
+          if (cudatest::quick() && R == 300) continue;
+          for (const bool add : {false, true}) {
+            SCOPED_TRACE(fmt::format("{} K={} parts={} R={} add={}", describe(c.f), K, parts, R, add));
+            const std::vector<float> x = test::random_vector(rng_, static_cast<size_t>(R * K));
+            void* xd = device_copy(x.data(), x.size() * 4);
+            owned.push_back(xd);
+            std::vector<std::vector<float>> init(static_cast<size_t>(parts));
+            std::vector<void*> out_tma, out_mma;
+            cuda::MmaJob j;
+            j.parts = parts;
+            j.accumulate = add;
+            j.tile_cols = cuda::mma_tile_cols(dm[0], nullptr);
             for (int i = 0; i < parts; ++i) {
-              v.emplace_back(init[i].size());
-              EXPECT_EQ(cudaMemcpy(v[i].data(), outs[i], v[i].size() * 4, cudaMemcpyDeviceToHost),
-                        cudaSuccess);
+              init[i] = test::random_vector(rng_, static_cast<size_t>(R * widths[i]));
+              out_tma.push_back(device_copy(init[i].data(), init[i].size() * 4));
+              out_mma.push_back(device_copy(init[i].data(), init[i].size() * 4));
+              owned.push_back(out_tma.back());
+              owned.push_back(out_mma.back());
+              cuda::MmaPart& p = j.part[i];
+              p.w = dm[i];
+              p.x = static_cast<const float*>(xd);
+              p.xs = K;
+              p.rows = R;
+              p.os = widths[i];
+              p.n_tiles_end = (i == 0 ? 0 : j.part[i - 1].n_tiles_end) +
+                              static_cast<int>((widths[i] + j.tile_cols - 1) / j.tile_cols);
             }
-            return v;
-          };
-          run(out_tma, true);
-          run(out_mma, false);
-          const std::vector<std::vector<float>> tma = fetch(out_tma), mma = fetch(out_mma);
-          for (int i = 0; i < parts; ++i) {
-            EXPECT_LE(rel_err(tma[i], mma[i]), kMmaTolerance) << "part " << i << " vs mma.sync";
-            EXPECT_LE(test::rel_err(tma[i], double_product(x, *ws[i], R, K, widths[i],
-                                                           add ? init[i] : std::vector<float>{})),
-                      kMmaTolerance)
-                << "part " << i << " vs double reference";
-          }
-          if (!add) {  // a second run overwrites with the same bits
+            ASSERT_TRUE(cuda::mma_tma_takes(j));
+            const int tiles = (R + cuda::kMmaRows - 1) / cuda::kMmaRows;
+            void* scratch = nullptr;
+            ASSERT_EQ(cudaMalloc(&scratch, static_cast<size_t>(cuda::mma_tma_scratch_bytes(j, tiles))),
+                      cudaSuccess);
+            owned.push_back(scratch);
+            auto run = [&](const std::vector<void*>& outs, bool tma) {
+              for (int i = 0; i < parts; ++i) j.part[i].out = static_cast<float*>(outs[i]);
+              if (tma) {
+                cuda::launch_mma_tma(j, tiles, scratch, nullptr);
+              } else {
+                cuda::launch_mma(j, tiles, nullptr);
+              }
+              EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            };
+            auto fetch = [&](const std::vector<void*>& outs) {
+              std::vector<std::vector<float>> v;
+              for (int i = 0; i < parts; ++i) {
+                v.emplace_back(init[i].size());
+                EXPECT_EQ(cudaMemcpy(v[i].data(), outs[i], v[i].size() * 4, cudaMemcpyDeviceToHost),
+                          cudaSuccess);
+              }
+              return v;
+            };
             run(out_tma, true);
-            const std::vector<std::vector<float>> again = fetch(out_tma);
-            for (int i = 0; i < parts; ++i)
-              EXPECT_TRUE(same_bits(again[i], tma[i])) << "part " << i << " rerun";
+            run(out_mma, false);
+            const std::vector<std::vector<float>> tma = fetch(out_tma), mma = fetch(out_mma);
+            for (int i = 0; i < parts; ++i) {
+              EXPECT_LE(rel_err(tma[i], mma[i]), kMmaTolerance) << "part " << i << " vs mma.sync";
+              EXPECT_LE(test::rel_err(tma[i], double_product(x, *ws[i], R, K, widths[i],
+                                                             add ? init[i] : std::vector<float>{})),
+                        kMmaTolerance)
+                  << "part " << i << " vs double reference";
+            }
+            if (!add) {  // a second run overwrites with the same bits
+              run(out_tma, true);
+              const std::vector<std::vector<float>> again = fetch(out_tma);
+              for (int i = 0; i < parts; ++i)
+                EXPECT_TRUE(same_bits(again[i], tma[i])) << "part " << i << " rerun";
+            }
           }
         }
       }
@@ -414,6 +444,24 @@ TEST_F(CudaPrefill, GroupedMoeMatchesCpuAndIsChunkInvariant) {
        {WeightFormat::kAffine, 8, 64},
        true,
        true},
+      // One affine width throughout, the shared expert too: the wgmma affine products on Hopper (gate/up
+      // pairs of grouped and plain parts; 32-column groups with a down product ending a stage early).
+      {16,
+       4,
+       256,
+       128,
+       192,
+       {WeightFormat::kAffine, 6, 64},
+       {WeightFormat::kAffine, 6, 64},
+       {WeightFormat::kAffine, 6, 64}},
+      {8,
+       2,
+       128,
+       96,
+       64,
+       {WeightFormat::kAffine, 4, 32, DType::kF16},
+       {WeightFormat::kAffine, 4, 32, DType::kF16},
+       {WeightFormat::kAffine, 4, 32, DType::kF16}},
       {64, 8, 256, 128, 0, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}, false, true},
       {64, 8, 256, 128, 0, {WeightFormat::kBF16}, {WeightFormat::kBF16}, {WeightFormat::kBF16}},
       // gate/up pairs of 1024 rows and a down product of 1024: the wide tiles.

@@ -13,10 +13,12 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/gemm_tma_affine.h"
 #include "puredrive/backend/cuda/moe_partition.h"
 #include "puredrive/backend/cuda/tma_wgmma.cuh"
 
@@ -49,25 +51,6 @@ struct TmaJob {                 // 64-byte aligned, as CUtensorMap is
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The part of weight-row tile `tile` (the parts' tiles counted in turn) and its tile within the part.
-__device__ __forceinline__ void block_part(int tile, const int* n_tiles_end, int parts, int* p, int* nt) {
-  int q = 0;
-  while (q + 1 < parts && tile >= n_tiles_end[q]) ++q;
-  *p = q;
-  *nt = tile - (q == 0 ? 0 : n_tiles_end[q - 1]);
-}
-
-// Thread 0 sets up the ring's barriers: a full barrier per stage (the producer's arrival with the copies'
-// bytes), an empty one (one arrival per consumer warp). The block barrier that follows publishes them.
-__device__ __forceinline__ void init_stages(uint64_t* full, uint64_t* empty, int stages) {
-  if (threadIdx.x != 0) return;
-  for (int s = 0; s < stages; ++s) {
-    mbar_init(&full[s], 1);
-    mbar_init(&empty[s], 8);
-  }
-  mbar_init_fence();
-}
-
 // A consumer warpgroup's products over k_tiles stages of the ring (stage s at smem + s * kStageBytesT; a_hi,
 // a_lo and b: byte offsets of its activation tiles and weight rows in a stage): per k16 step hi then lo times
 // the weights into one accumulator, then the stage goes back to the producer. Waiting for a stage's products
@@ -229,22 +212,9 @@ __global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_const
   const int tid = static_cast<int>(threadIdx.x);
   init_stages(full, empty, kGStages);
   pdl_wait();  // the activations, and a grouped part's lists
-  int expert = 0, first = 0, count = 0;
-  if (j.grouped[p]) {
-    if (t >= j.tile_start[j.experts]) return;  // uniform over the block
-    expert = expert_of_tile(j.tile_start, j.experts, t);
-    first = (t - j.tile_start[expert]) * kGRows;
-    count = min(kGRows, j.count[expert] - first);
-  } else {
-    first = t * kGRows;
-    if (first >= j.rows[p]) return;
-    count = min(kGRows, j.rows[p] - first);
-  }
-  if (tid < kGRows) {
-    s_dst[tid] = tid >= count   ? -1
-                 : j.grouped[p] ? j.list[static_cast<int64_t>(expert) * j.list_stride + first + tid]
-                                : first + tid;
-  }
+  RowTile rt;
+  if (!row_tile(j.grouped[p], t, kGRows, j.rows[p], j.tile_start, j.count, j.experts, &rt)) return;
+  if (tid < kGRows) s_dst[tid] = row_tile_dst(rt, j.grouped[p], j.list, j.list_stride, tid);
   __syncthreads();  // s_dst and the barriers
 
   if (tid < 128) {
@@ -259,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1) tma_moe_kernel(const __grid_const
         for (int q = 0; q < 4; ++q) {
           // A pair: gate 0-63, up 0-63, gate 64-127, up 64-127; else weight rows 64 q .. 64 q + 63.
           const CUtensorMap* map = j.dual && (q & 1) != 0 ? &j.w2[p] : &j.w[p];
-          tma_load(b + q * kGBox, map, k, w0 + (j.dual ? 64 * (q >> 1) : 64 * q), expert, &full[s]);
+          tma_load(b + q * kGBox, map, k, w0 + (j.dual ? 64 * (q >> 1) : 64 * q), rt.expert, &full[s]);
         }
       }
     }
@@ -347,15 +317,11 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// A bf16 tensor of `rank` dimensions (dims innermost first; strides in bytes of dimensions 1..) read in
-// 128-byte-swizzled boxes, zeros past its ends.
+// A bf16 tensor of `rank` dimensions read in 128-byte-swizzled boxes (encode_tensor_map).
 bool encode_map(CUtensorMap* map, cuuint32_t rank, const void* data, const cuuint64_t* dims,
                 const cuuint64_t* strides, const cuuint32_t* box) {
-  const cuuint32_t steps[3] = {1, 1, 1};
-  return encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(data), dims, strides,
-                        box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, data, dims, strides, box,
+                           CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // A bf16 matrix [rows, cols] (rows of cols elements, contiguous) read in boxes of box_rows x kK.
@@ -388,7 +354,8 @@ bool device_has_wgmma() {
            cudaFuncSetAttribute(tma_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(kSmem)) == cudaSuccess &&
            cudaFuncSetAttribute(tma_moe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kGSmem)) == cudaSuccess;
+                                static_cast<int>(kGSmem)) == cudaSuccess &&
+           opt_in_affine_tma();
   }();
   return ok;
 #else
@@ -516,6 +483,15 @@ void launch_moe(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream
 
 }  // namespace
 
+bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank, const void* data,
+                       const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                       CUtensorMapSwizzle swizzle) {
+  const cuuint32_t steps[3] = {1, 1, 1};
+  return encode_tiled()(map, type, rank, const_cast<void*>(data), dims, strides, box, steps,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 bool encode_bf16_tile_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int64_t row_stride,
                           int box_cols, int box_rows) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
@@ -534,10 +510,15 @@ bool mma_tma_available() {
 }
 
 bool mma_tma_takes(const MmaJob& j) {
-  return j.parts > 0 && mma_tma_available() && (dense_job(j) || moe_job(j));
+  return j.parts > 0 && mma_tma_available() && (dense_job(j) || moe_job(j) || affine_tma_job(j));
+}
+
+int64_t mma_tma_part_bytes(int64_t rows, int64_t K) {
+  return std::max(4 * rows * K, affine_tma_part_bytes(rows, K));
 }
 
 int64_t mma_tma_scratch_bytes(const MmaJob& j, int m_tiles) {
+  if (affine_tma_job(j)) return affine_tma_scratch_bytes(j, m_tiles);
   if (dense_job(j)) return int64_t{4} * j.part[0].rows * j.part[0].w.cols;
   int64_t bytes = 0;
   for (int i = 0; i < j.parts; ++i) bytes += 4 * split_rows(j.part[i], m_tiles) * j.part[i].w.cols;
@@ -546,7 +527,9 @@ int64_t mma_tma_scratch_bytes(const MmaJob& j, int m_tiles) {
 
 void launch_mma_tma(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream) {
   if (j.parts <= 0 || m_tiles <= 0) return;
-  if (dense_job(j)) {
+  if (affine_tma_job(j)) {
+    launch_affine_tma(j, m_tiles, scratch, stream);
+  } else if (dense_job(j)) {
     if (j.part[0].rows > 0) launch_dense(j, scratch, stream);
   } else {
     launch_moe(j, m_tiles, scratch, stream);

@@ -132,16 +132,19 @@ void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream);
 // Opts the kernels into the shared memory they need; called once by the backend.
 void init_mma_kernels();
 // The same products on Hopper's wgmma fed by the tensor memory accelerator (gemm_tma.cu), for jobs of bf16
-// matrices: plain parts on one activation input, or (at most two parts) grouped experts and gate/up pairs.
-// On wherever the build has sm_90a code and the device is compute capability 9.0 (PD_MMA_TMA=0: mma.sync
-// everywhere; docs/DESIGN.md §8, 2026-12-05). The choice depends on the
-// matrices alone, so a matrix's prefill rows always come from one kernel (chunking invariance). Precision and
-// order as above (hi*w, then lo*w, per k16 step): the results agree with launch_mma's to rounding, not
+// matrices: plain parts on one activation input, or (at most two parts) grouped experts and gate/up pairs;
+// and for jobs of affine matrices of one width of 2, 4, 6 or 8 bits (gemm_tma_affine.cu; PD_AFFINE_TMA=0:
+// not those). On wherever the build has sm_90a code and the device is compute capability 9.0 (PD_MMA_TMA=0:
+// mma.sync everywhere; docs/DESIGN.md §8). The choice depends on the matrices alone, so a matrix's prefill
+// rows always come from one kernel (chunking invariance). Precision and order as above (hi*w, then lo*w,
+// per k16 step; affine codes grouped as above): the results agree with launch_mma's to rounding, not
 // bitwise. m_tiles as for launch_mma; scratch: mma_tma_scratch_bytes, for the activations' bf16 hi and lo
 // copies (a grouped part's gathered into its row tiles).
 bool mma_tma_available();
 bool mma_tma_takes(const MmaJob& j);
 int64_t mma_tma_scratch_bytes(const MmaJob& j, int m_tiles);
+// The most scratch a part of `rows` activation rows and K columns takes (a bound for carving scratch ahead).
+int64_t mma_tma_part_bytes(int64_t rows, int64_t K);
 void launch_mma_tma(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream);
 
 // ---- Dense ops (ops_dense.cu) ----

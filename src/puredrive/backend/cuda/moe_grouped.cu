@@ -54,10 +54,11 @@ Grouped carve(void* base, int R, int E, int K, int H, int I, int Is, int64_t* to
   g.ys = c.take<float>(rows * H);
   if (mma_tma_available()) {
     // The larger of the two products' copies: every tile's rows of the routed experts' input and the
-    // shared expert's rows, bf16 hi and lo (4 bytes per activation).
+    // shared expert's rows.
     const int64_t tiles = std::max(max_moe_tiles(R, K, E, kMmaRows), tiles_for_rows(R, kMmaRows));
     const int64_t gathered = tiles * kMmaRows;
-    g.tma = c.take<uint8_t>(4 * std::max(gathered * H + rows * H, gathered * I + rows * Is));
+    g.tma = c.take<uint8_t>(std::max(mma_tma_part_bytes(gathered, H) + mma_tma_part_bytes(rows, H),
+                                     mma_tma_part_bytes(gathered, I) + mma_tma_part_bytes(rows, Is)));
   }
   if (total != nullptr) *total = c.bytes();
   return g;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "puredrive/backend/cuda/common.cuh"
+#include "puredrive/backend/cuda/moe_partition.h"
 
 namespace pd::cuda {
 // Host side (gemm_tma.cu). Whether this build and device run the kernels of this header (an sm_90a build on
@@ -17,6 +18,11 @@ bool wgmma_available();
 // A bf16 matrix [rows, cols], rows row_stride elements apart, read in 128-byte-swizzled boxes of box_rows x
 // box_cols (box_cols x 2 bytes at most 128), zeros past its ends. Only where wgmma_available(); false when
 // the driver refuses the map.
+// A tensor map of `rank` dimensions (dims innermost first; strides in bytes of dimensions 1..), zeros past
+// its ends. Only where wgmma_available(); false when the driver refuses it.
+bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank, const void* data,
+                       const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                       CUtensorMapSwizzle swizzle);
 bool encode_bf16_tile_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int64_t row_stride,
                           int box_cols, int box_rows);
 }  // namespace pd::cuda
@@ -166,6 +172,52 @@ __device__ __forceinline__ int acquire_stage(uint64_t* full, uint64_t* empty, in
   if (kt >= stages) wait_stage(&empty[s], static_cast<uint32_t>((kt / stages - 1) & 1));
   mbar_expect(&full[s], bytes);
   return s;
+}
+
+// The part of weight-row tile `tile` (the parts' tiles counted in turn) and its tile within the part.
+__device__ __forceinline__ void block_part(int tile, const int* n_tiles_end, int parts, int* p, int* nt) {
+  int q = 0;
+  while (q + 1 < parts && tile >= n_tiles_end[q]) ++q;
+  *p = q;
+  *nt = tile - (q == 0 ? 0 : n_tiles_end[q - 1]);
+}
+
+// Thread 0 sets up the ring's barriers: a full barrier per stage (the producer's arrival with the copies'
+// bytes), an empty one (one arrival per consumer warp). The block barrier that follows publishes them.
+__device__ __forceinline__ void init_stages(uint64_t* full, uint64_t* empty, int stages) {
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < stages; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], 8);
+  }
+  mbar_init_fence();
+}
+
+// Row tile t of a part's activations (tile_rows rows a tile): a grouped part's tile of its expert's entries
+// (moe_partition.h), else rows t * tile_rows .. of a plain part of `rows` rows.
+struct RowTile {
+  int expert = 0, first = 0, count = 0;
+};
+// False when the tile has no rows (the block has nothing to do).
+__device__ __forceinline__ bool row_tile(bool grouped, int t, int tile_rows, int rows, const int* tile_start,
+                                         const int* count, int experts, RowTile* r) {
+  if (grouped) {
+    if (t >= tile_start[experts]) return false;
+    r->expert = expert_of_tile(tile_start, experts, t);
+    r->first = (t - tile_start[r->expert]) * tile_rows;
+    r->count = min(tile_rows, count[r->expert] - r->first);
+  } else {
+    r->first = t * tile_rows;
+    if (r->first >= rows) return false;
+    r->count = min(tile_rows, rows - r->first);
+  }
+  return true;
+}
+// The output row of the tile's row i (a grouped part's list entry), or -1 past its rows.
+__device__ __forceinline__ int row_tile_dst(const RowTile& r, bool grouped, const int* list,
+                                            int64_t list_stride, int i) {
+  if (i >= r.count) return -1;
+  return grouped ? list[static_cast<int64_t>(r.expert) * list_stride + r.first + i] : r.first + i;
 }
 
 // The box at (column k, row) of a 2D map (tile_map), completing on bar.
