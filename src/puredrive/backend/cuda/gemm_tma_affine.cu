@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
   constexpr int kRowBytes = kK * BITS / 8;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem = ring_base(smem_raw);
-  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint8_t* const code_tiles = smem + kStages * kStageBytes;  // two per warpgroup, 1024-byte aligned
+  uint64_t* const full = reinterpret_cast<uint64_t*>(code_tiles + 4 * kCodeTile);
   uint64_t* const empty = full + kStages;
   __shared__ int s_dst[kARows];
   // Grid x runs over the weight-row tiles, so the blocks of one activation tile run together (gemm_tma.cu).
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
   const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int fs_shift = P.fs_shift;
-  uint8_t* const code_tiles = smem + kStages * kStageBytes + wg * 2 * kCodeTile;  // two, 1024-byte aligned
+  uint8_t* const my_tiles = code_tiles + wg * 2 * kCodeTile;
   // The thread's two weight rows: their places among a stage's 128 code rows, and where their scales are.
   int code_row[2];
   const uint8_t* srow[2];
@@ -189,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
   // of row r at chunk c ^ (r % 8)); then made visible to the tensor cores.
   auto expand = [&](int kt) {
     const uint8_t* const codes = smem + (kt % kStages) * kStageBytes + 2 * kXTile;
-    uint8_t* const tile = code_tiles + (kt & 1) * kCodeTile;
+    uint8_t* const tile = my_tiles + (kt & 1) * kCodeTile;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint8_t* row = codes + code_row[h] * kRowBytes;
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
     constexpr int kSteps = 4 / kSubs;
     const int s = kt % kStages;
     const uint8_t* const stage = smem + s * kStageBytes;
-    const uint32_t x_base = smem_addr(stage), a_base = smem_addr(code_tiles + (kt & 1) * kCodeTile);
+    const uint32_t x_base = smem_addr(stage), a_base = smem_addr(my_tiles + (kt & 1) * kCodeTile);
     const float* const sums = reinterpret_cast<const float*>(stage + 2 * kXTile + 2 * kBox);
     const int open = kSubs == 2 || fs_shift == 6 || (kt & 1) == 0 ? 0 : 1;  // scale-d 0: a fresh group
     const bool closes = kSubs == 2 || fs_shift == 6 || (kt & 1) == 1 || kt + 1 == P.k_tiles;
