@@ -263,6 +263,18 @@ TEST(BenchSynth, MtpCyclesWithAScriptedAcceptance) {
   ASSERT_EQ(b.rc, 0) << b.out;
   const json j = read_json(out);
   EXPECT_EQ(j["schema"], "puredrive-bench/3");
+  // The record's row-exactness checks at the model's dimensions (bench_steps.h): a 3-row step bitwise equal
+  // to three one-row steps after a real prefill and, --fill auto, after a long synthetic fill.
+  for (const char* key : {"row_exact_check", "row_exact_check_long"}) {
+    const json& rx = j[key];
+    ASSERT_TRUE(rx.is_object()) << key;
+    EXPECT_TRUE(rx["pass"].get<bool>()) << rx.dump();
+    EXPECT_EQ(rx["rows"], 3) << key;
+    EXPECT_GT(rx["kv_layers"].get<int>(), 0) << key;
+    EXPECT_GT(rx["gdn_layers"].get<int>(), 0) << key;
+  }
+  EXPECT_EQ(j["row_exact_check"]["fill"], "real");
+  EXPECT_EQ(j["row_exact_check_long"]["fill"], "synthetic");
   ASSERT_EQ(j["cells"].size(), 2u);
   for (const json& c : j["cells"]) {
     const json& m = c["mtp_cycle"];
