@@ -283,13 +283,10 @@ __global__ void gather_split_kernel(const float* x, int64_t xs, int64_t K, const
                                     int64_t list_stride, const int* count, const int* tile_start, int experts,
                                     int list_div, uint16_t* hi, uint16_t* lo) {
   pdl_enter();
-  const int row = static_cast<int>(blockIdx.x), t = row / kGRows;
-  if (t >= tile_start[experts]) return;
-  const int e = expert_of_tile(tile_start, experts, t);
-  const int i = (t - tile_start[e]) * kGRows + row % kGRows;
-  const float* src =
-      i < count[e] ? x + static_cast<int64_t>(list[static_cast<int64_t>(e) * list_stride + i] / list_div) * xs
-                   : nullptr;
+  const int row = static_cast<int>(blockIdx.x);
+  const float* src = nullptr;
+  if (!gathered_source(x, xs, list, list_stride, count, tile_start, experts, list_div, row, kGRows, &src))
+    return;
   for (int64_t k = static_cast<int64_t>(threadIdx.x) * 4; k < K; k += static_cast<int64_t>(blockDim.x) * 4) {
     if (src != nullptr) {
       split_quad(src + k, hi + row * K + k, lo + row * K + k);
@@ -401,11 +398,6 @@ int64_t split_rows(const MmaPart& p, int m_tiles) {
   return p.grouped ? int64_t{m_tiles} * kGRows : p.rows;
 }
 
-[[noreturn]] void encode_failed() {  // mma_tma_takes vouched for the shapes: only a failing driver gets here
-  std::fprintf(stderr, "puredrive: cuTensorMapEncodeTiled failed\n");
-  std::abort();
-}
-
 void launch_dense(const MmaJob& j, void* scratch, cudaStream_t stream) {
   const MmaPart& first = j.part[0];
   const int rows = first.rows;
@@ -424,7 +416,7 @@ void launch_dense(const MmaJob& j, void* scratch, cudaStream_t stream) {
     tiles += static_cast<int>((p.w.rows + kCols - 1) / kCols);
     t.n_tiles_end[i] = tiles;
   }
-  if (!ok) encode_failed();
+  if (!ok) tensor_map_failed();
   t.parts = j.parts;
   t.rows = rows;
   t.k_tiles = static_cast<int>((K + kK - 1) / kK);
@@ -468,7 +460,7 @@ void launch_moe(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream
                  p.x, p.xs, p.rows, K, hi, lo);
     }
   }
-  if (!ok) encode_failed();
+  if (!ok) tensor_map_failed();
   t.list = j.list;
   t.list_stride = j.list_stride;
   t.count = j.count;
@@ -482,6 +474,11 @@ void launch_moe(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t stream
 }
 
 }  // namespace
+
+void tensor_map_failed() {
+  std::fprintf(stderr, "puredrive: cuTensorMapEncodeTiled failed\n");
+  std::abort();
+}
 
 bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank, const void* data,
                        const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,

@@ -26,8 +26,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <type_traits>
 
 #include "puredrive/backend/cuda/common.cuh"
@@ -332,13 +330,9 @@ __global__ void __launch_bounds__(128) split_affine_kernel(const AffineSplit a) 
   const int row = static_cast<int>(blockIdx.x);
   const float* src = nullptr;
   if (a.list != nullptr) {
-    const int t = row / kARows;
-    if (t >= a.tile_start[a.experts]) return;
-    const int e = expert_of_tile(a.tile_start, a.experts, t);
-    const int i = (t - a.tile_start[e]) * kARows + row % kARows;
-    if (i < a.count[e]) {
-      src =
-          a.x + static_cast<int64_t>(a.list[static_cast<int64_t>(e) * a.list_stride + i] / a.list_div) * a.xs;
+    if (!gathered_source(a.x, a.xs, a.list, a.list_stride, a.count, a.tile_start, a.experts, a.list_div, row,
+                         kARows, &src)) {
+      return;
     }
   } else if (row < a.rows) {
     src = a.x + static_cast<int64_t>(row) * a.xs;
@@ -544,10 +538,7 @@ void launch_affine_tma(const MmaJob& j, int m_tiles, void* scratch, cudaStream_t
     tiles += static_cast<int>((p.w.rows + per_tile - 1) / per_tile);
     a.n_tiles_end[i] = tiles;
   }
-  if (!ok) {  // affine_tma_job vouched for the shapes: only a failing driver gets here
-    std::fprintf(stderr, "puredrive: cuTensorMapEncodeTiled failed (affine products)\n");
-    std::abort();
-  }
+  if (!ok) tensor_map_failed();  // affine_tma_job vouched for the shapes
   a.list = j.list;
   a.list_stride = j.list_stride;
   a.count = j.count;

@@ -25,9 +25,28 @@ bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank
                        CUtensorMapSwizzle swizzle);
 bool encode_bf16_tile_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int64_t row_stride,
                           int box_cols, int box_rows);
+// The copy engine refused a tensor map whose shapes the caller had checked: only a failing driver gets here.
+[[noreturn]] void tensor_map_failed();
 }  // namespace pd::cuda
 
 namespace pd::cuda::tma {
+
+// Row `row` of a grouped part's gathered activations (tile_rows rows a tile): row tile t = row / tile_rows
+// holds its expert's entries i = (t - tile_start[e]) * tile_rows + row % tile_rows in order, each the
+// activation row list[...] / list_div of x. False past the last tile; *src null past the expert's entries.
+__device__ __forceinline__ bool gathered_source(const float* x, int64_t xs, const int* list,
+                                                int64_t list_stride, const int* count, const int* tile_start,
+                                                int experts, int list_div, int row, int tile_rows,
+                                                const float** src) {
+  const int t = row / tile_rows;
+  if (t >= tile_start[experts]) return false;
+  const int e = expert_of_tile(tile_start, experts, t);
+  const int i = (t - tile_start[e]) * tile_rows + row % tile_rows;
+  *src = i < count[e]
+             ? x + static_cast<int64_t>(list[static_cast<int64_t>(e) * list_stride + i] / list_div) * xs
+             : nullptr;
+  return true;
+}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format") for a K-major tile whose 128-byte
