@@ -58,11 +58,6 @@ if [ "${PD_SKIP_TESTS:-0}" != 1 ]; then
         --gtest_filter='CudaAttention.Prefill*:CudaPrefill.*:CudaInputNorm.Matmuls*' >"$det/${t}_mma_sync.log" 2>&1
       echo "$t (mma.sync prefill) rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/${t}_mma_sync.log" | tr '\n' ' ')" |
         tee -a "$out/summary.txt"
-      # The affine products on wgmma, off by default until they pass here (docs/DESIGN.md §8).
-      with cand env PD_AFFINE_TMA=1 timeout 120 build/cand/bin/$t --gtest_filter='CudaPrefill.*' \
-        >"$det/${t}_affine_tma.log" 2>&1
-      echo "$t (wgmma affine prefill) rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$det/${t}_affine_tma.log" |
-        tr '\n' ' ')" | tee -a "$out/summary.txt"
     fi
   done
   if [ -x build/cand/bin/puredrive_check ] && [ "${PD_SKIP_CHECK:-0}" != 1 ]; then

@@ -112,9 +112,6 @@ run_phase "cuda_ops_tests" 150 "$bin/cuda_ops_tests"
 # The prefill paths that Hopper's wgmma kernels replace by default stay tested: the same tests on mma.sync.
 run_phase "cuda_ops_tests (mma.sync prefill)" 60 env PD_ATTN_WGMMA=0 PD_MMA_TMA=0 "$bin/cuda_ops_tests" \
   --gtest_filter='CudaAttention.Prefill*:CudaPrefill.*:CudaInputNorm.Matmuls*'
-# The affine products on wgmma, off by default until they have run here (PD_AFFINE_TMA=1; docs/DESIGN.md §8).
-run_phase "cuda_ops_tests (wgmma affine prefill)" 60 env PD_AFFINE_TMA=1 "$bin/cuda_ops_tests" \
-  --gtest_filter='CudaPrefill.*'
 run_phase "cuda_model_tests" 150 "$bin/cuda_model_tests"
 run_phase "cuda_sampling_tests" 150 "$bin/cuda_sampling_tests"
 [ -x "$bin/cuda_generator_tests" ] && run_phase "cuda_generator_tests" 150 "$bin/cuda_generator_tests"
@@ -275,7 +272,8 @@ if [ -x "$bin/puredrive_check" ] && [ "${PD_SKIP_CHECK:-0}" != 1 ]; then
     run_phase "check --backend cuda $d" "$share" "$bin/puredrive_check" check --model "$d" --backend cuda
     i=$((i + 1))
   done
-  run_phase "check --backend cuda (wgmma affine prefill) qwen35-mlx-q" 30 env PD_AFFINE_TMA=1 \
+  # Affine prefill products on mma.sync (wgmma by default on Hopper) as well.
+  run_phase "check --backend cuda (mma.sync affine prefill) qwen35-mlx-q" 30 env PD_AFFINE_TMA=0 \
     "$bin/puredrive_check" check --model tests/fixtures/qwen35-mlx-q --backend cuda
 fi
 

@@ -204,7 +204,7 @@ TEST_F(CudaPrefill, MatmulsEqualMatmulPerTarget) {
   }
 }
 
-// Hopper builds (sm_90a) run the bf16 (and with PD_AFFINE_TMA=1 the 2/4/6/8-bit affine) products of matmul
+// Hopper builds (sm_90a) run the bf16 and (unless PD_AFFINE_TMA=0) the 2/4/6/8-bit affine products of matmul
 // and matmuls on wgmma (gemm_tma.cu, gemm_tma_affine.cu); the mma.sync kernel agrees to rounding, and both
 // with a double product: one to four parts, activation rows and weight rows cutting the tiles short, columns
 // ending inside a 64-column stage, every affine group size and scale dtype, overwrite and add. Two runs give
@@ -255,9 +255,8 @@ TEST_F(CudaPrefill, TmaProductsAgreeWithMmaSync) {
                                    {{WeightFormat::kAffine, 4, 32, DType::kF16}, {96, 2048}},
                                    {{WeightFormat::kAffine, 2, 128, DType::kF32}, {384, 2048}}};
   for (const Case& c : cases) {
-    if (c.f.format == WeightFormat::kAffine && !cuda::env_switch_set("PD_AFFINE_TMA")) {
-      std::printf("%s: the wgmma affine products are off (PD_AFFINE_TMA=1 runs them)\n",
-                  describe(c.f).c_str());
+    if (c.f.format == WeightFormat::kAffine && !cuda::env_switch_on("PD_AFFINE_TMA")) {
+      std::printf("%s: the wgmma affine products are off (PD_AFFINE_TMA=0)\n", describe(c.f).c_str());
       continue;
     }
     for (const int64_t K : c.ks) {
@@ -449,9 +448,8 @@ TEST_F(CudaPrefill, GroupedMoeMatchesCpuAndIsChunkInvariant) {
        {WeightFormat::kAffine, 8, 64},
        true,
        true},
-      // One affine width throughout, the shared expert too: the wgmma affine products on Hopper with
-      // PD_AFFINE_TMA=1 (gate/up pairs of grouped and plain parts; 32-column groups with a down product
-      // ending a stage early).
+      // One affine width throughout, the shared expert too: the wgmma affine products on Hopper (gate/up
+      // pairs of grouped and plain parts; 32-column groups with a down product ending a stage early).
       {16,
        4,
        256,

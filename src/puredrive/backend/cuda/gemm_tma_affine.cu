@@ -450,7 +450,7 @@ void launch_kernel(const AffineJob& a, dim3 grid, cudaStream_t stream) {
 }  // namespace
 
 bool affine_tma_job(const MmaJob& j) {
-  static const bool on = env_switch_set("PD_AFFINE_TMA");
+  static const bool on = env_switch_on("PD_AFFINE_TMA");
   if (!on || j.parts <= 0) return false;
   const int bits = j.part[0].w.bits;
   for (int i = 0; i < j.parts; ++i) {

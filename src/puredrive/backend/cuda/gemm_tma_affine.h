@@ -11,8 +11,8 @@
 namespace pd::cuda {
 
 // Jobs whose every matrix is affine with codes the copy engine can read in 64-column boxes (2, 4, 6 or 8
-// bits, rows of a multiple of 16 bytes, 16-byte aligned data) and one width for all; only with
-// PD_AFFINE_TMA=1 (kernels.h), else the mma.sync kernel takes them.
+// bits, rows of a multiple of 16 bytes, 16-byte aligned data) and one width for all; PD_AFFINE_TMA=0 leaves
+// them to the mma.sync kernel (kernels.h).
 bool affine_tma_job(const MmaJob& j);
 // Scratch of a part of `rows` activation rows and K columns (affine_tma_job's jobs need at most this).
 int64_t affine_tma_part_bytes(int64_t rows, int64_t K);

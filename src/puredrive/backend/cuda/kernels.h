@@ -20,11 +20,6 @@ inline bool env_switch_on(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr || v[0] != '0';
 }
-// The same for a kernel not yet on by default: on only when `name` starts with '1'.
-inline bool env_switch_set(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] == '1';
-}
 
 constexpr int kMaxRows = 8;  // rows one launch of a weight-reading kernel handles (registers per thread)
 constexpr int kBlock = 256;  // threads of a matrix-vector block: 8 warps, one output row per warp at a time
@@ -138,14 +133,13 @@ void launch_mma(const MmaJob& j, int m_tiles, cudaStream_t stream);
 void init_mma_kernels();
 // The same products on Hopper's wgmma fed by the tensor memory accelerator (gemm_tma.cu), for jobs of bf16
 // matrices: plain parts on one activation input, or (at most two parts) grouped experts and gate/up pairs;
-// and, with PD_AFFINE_TMA=1 (off by default until its current form has run on a GPU: docs/DESIGN.md §8),
-// jobs of affine matrices of one width of 2, 4, 6 or 8 bits (gemm_tma_affine.cu). On wherever the build has
-// sm_90a code and the device is compute capability 9.0 (PD_MMA_TMA=0: mma.sync everywhere; docs/DESIGN.md
-// §8). The choice depends on the matrices alone, so a matrix's prefill rows always come from one kernel
-// (chunking invariance). Precision and order as above (hi*w, then lo*w, per k16 step; affine codes grouped as
-// above): the results agree with launch_mma's to rounding, not bitwise. m_tiles as for launch_mma; scratch:
-// mma_tma_scratch_bytes, for the activations' bf16 hi and lo copies (a grouped part's gathered into its row
-// tiles).
+// and jobs of affine matrices of one width of 2, 4, 6 or 8 bits (gemm_tma_affine.cu; PD_AFFINE_TMA=0 leaves
+// them to mma.sync). On wherever the build has sm_90a code and the device is compute capability 9.0
+// (PD_MMA_TMA=0: mma.sync everywhere; docs/DESIGN.md §8). The choice depends on the matrices alone, so a
+// matrix's prefill rows always come from one kernel (chunking invariance). Precision and order as above
+// (hi*w, then lo*w, per k16 step; affine codes grouped as above): the results agree with launch_mma's to
+// rounding, not bitwise. m_tiles as for launch_mma; scratch: mma_tma_scratch_bytes, for the activations' bf16
+// hi and lo copies (a grouped part's gathered into its row tiles).
 bool mma_tma_available();
 bool mma_tma_takes(const MmaJob& j);
 int64_t mma_tma_scratch_bytes(const MmaJob& j, int m_tiles);
