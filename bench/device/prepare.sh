@@ -29,6 +29,9 @@ targets=(puredrive_device cuda_ops_tests cuda_model_tests cuda_sampling_tests cu
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
   -DPD_WERROR=OFF -DPD_CUDA_SHARED=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DPD_KERNEL_TRACE=$trace >/dev/null
 cmake --build "$build" --target "${targets[@]}" -j"${JOBS:-2}"
+# No bundle whose SASS writes a register that a running wgmma still reads: the GPU would compute wrong values
+# that vary from run to run (docs/DESIGN.md §8).
+bash "$root/bench/device/sass.sh" --hazards "$(find "$build" -name libpd_backend_cuda.so | head -1)"
 
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"

@@ -2,8 +2,10 @@
 # The SASS of one CUDA source, without a GPU: compiles FILE for sm_90a as a cubin (the flags of the build)
 # and prints each kernel's instruction count and its most frequent opcodes, or with --dump the whole
 # listing. cuobjdump and nvdisasm come from NVIDIA's pinned PyPI wheels, installed once into build/sass-tools
-# (the toolkit here ships neither). Usage:
+# (the toolkit here ships neither). With --hazards, the wgmma register-operand check of a built library or
+# cubin instead (wgmma_hazards.py; prepare.sh runs it on every device bundle). Usage:
 #   bench/device/sass.sh src/puredrive/backend/cuda/gemm_tma.cu [KERNEL_REGEX] [--dump]
+#   bench/device/sass.sh --hazards build/h9/lib/libpd_backend_cuda.so
 set -euo pipefail
 src=$1
 pattern=${2:-.}
@@ -19,6 +21,10 @@ chmod +x "$bin/cuobjdump" "$bin/nvdisasm"
 export PATH=$bin:$PATH
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+if [ "$src" = --hazards ]; then
+  cuobjdump -sass "$2" > "$out/k.sass"
+  exec python3 "$root/bench/device/wgmma_hazards.py" "$out/k.sass"
+fi
 nvcc -std=c++20 -O3 --generate-code=arch=compute_90a,code=sm_90a -DPD_CUDA_SM90A=1 -I"$root/src" \
   --expt-relaxed-constexpr --fmad=false -cubin -o "$out/k.cubin" "$src"
 cuobjdump -sass "$out/k.cubin" > "$out/k.sass"

@@ -1,12 +1,12 @@
 // Prefill products of affine weights on Hopper's wgmma (kernels.h, "Tensor-core products for prefill";
 // docs/DESIGN.md §8). The copy engine brings each stage's codes (as stored), the activations' bf16 hi and lo
 // tiles (arrays a split kernel writes first) and their group sums into a ring of shared memory; one producer
-// warp issues the copies kStages deep. Each consumer warpgroup expands its 64 weight rows' codes into a
-// 128-byte-swizzled bf16 tile of centred codes q - 2^(b-1) (exact in bf16), the A operand, while the tensor
-// cores multiply the stage before; the activations are B. A block is kWRows weight rows (two consumer
-// warpgroups of 64) x kARows activation rows (a 64-row tile of an expert's entries, or of a plain part's
-// rows). In a gate/up pair's block each warp's 16 weight rows are 8 gate rows and the same 8 up rows, so a
-// thread holds both sums of its outputs.
+// warp issues the copies kStages deep. Each consumer thread turns its weight rows' codes into register
+// fragments of centred codes q - 2^(b-1) (exact in bf16), the A operand, while the tensor cores multiply the
+// stage before; the activations are B. A block is kWRows weight rows (two consumer warpgroups of 64) x kARows
+// activation rows (a 64-row tile of an expert's entries, or of a plain part's rows). In a gate/up pair's
+// block each warp's 16 weight rows are 8 gate rows and the same 8 up rows, so a thread holds both sums of its
+// outputs.
 //
 // Each group of fs columns (the smallest group size among the part's matrices) is multiplied into a fresh
 // accumulator g, then folded into the output: y += s g, then y += (b + o s) sum(x), with sum(x) the group's
@@ -17,9 +17,11 @@
 // activation row and weight row (zero rows and columns pad the tiles), not on R or on the tile a row lands
 // in.
 //
-// The A operand comes from shared memory, not registers: a wgmma reading registers may still be reading them
-// after ptxas has given them to later instructions (the codes of the next stage, in a first version, whose
-// results then varied from run to run).
+// Register operands: a wgmma reads them while it runs, and PTX leaves writing them before the covering
+// wgmma_wait undefined; ptxas then does give them to later instructions (a first version built the next
+// stage's fragments into the registers in flight, and its results varied from run to run). Two fragment
+// sets, alternating by stage, keep every write behind its wait; bench/device/wgmma_hazards.py checks the
+// SASS for any instruction that writes an in-flight operand register.
 
 #include "puredrive/backend/cuda/gemm_tma_affine.h"
 
@@ -46,7 +48,6 @@ constexpr int kConsumers = 256;  // two warpgroups; warp 8 copies
 constexpr int kThreads = kConsumers + 32;
 constexpr uint32_t kXTile = kARows * kK * 2;   // bf16 hi or lo
 constexpr uint32_t kSumTile = 2 * kARows * 4;  // two rows of activation sums
-constexpr uint32_t kCodeTile = 64 * kK * 2;    // a warpgroup's expanded codes (bf16)
 
 constexpr uint32_t code_box(int bits) {  // 64 weight rows' codes of a stage
   return 64 * kK * bits / 8;
@@ -57,8 +58,8 @@ constexpr uint32_t stage_tx(int bits) {  // the bytes a stage's copies bring
 constexpr uint32_t stage_bytes(int bits) {  // swizzled tiles start 1024-byte aligned
   return (stage_tx(bits) + 1023) / 1024 * 1024;
 }
-constexpr size_t smem_bytes(int bits) {  // the ring, two code tiles per warpgroup, barriers, alignment
-  return kStages * stage_bytes(bits) + 4 * kCodeTile + 2 * kStages * 8 + 1024;
+constexpr size_t smem_bytes(int bits) {  // the ring, barriers, alignment
+  return kStages * stage_bytes(bits) + 2 * kStages * 8 + 1024;
 }
 
 struct AffineScales {  // one matrix's scales and biases
@@ -106,8 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
   constexpr int kRowBytes = kK * BITS / 8;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem = ring_base(smem_raw);
-  uint8_t* const code_tiles = smem + kStages * kStageBytes;  // two per warpgroup, 1024-byte aligned
-  uint64_t* const full = reinterpret_cast<uint64_t*>(code_tiles + 4 * kCodeTile);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* const empty = full + kStages;
   __shared__ int s_dst[kARows];
   // Grid x runs over the weight-row tiles, so the blocks of one activation tile run together (gemm_tma.cu).
@@ -148,7 +148,6 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
   const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int fs_shift = P.fs_shift;
-  uint8_t* const my_tiles = code_tiles + wg * 2 * kCodeTile;
   // The thread's two weight rows: their places among a stage's 128 code rows, and where their scales are.
   int code_row[2];
   const uint8_t* srow[2];
@@ -183,27 +182,25 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
       }
     }
   };
-  // Stage kt's codes of the thread's rows (16 w + g + 8 h of the tile), columns 8 t4 and 32 + 8 t4 onwards,
-  // centred and written into code tile kt % 2 as the copy engine would have swizzled them (16-byte chunk c
-  // of row r at chunk c ^ (r % 8)); then made visible to the tensor cores.
-  auto expand = [&](int kt) {
+  // Stage kt's A fragments: the codes of the thread's rows (h = 0, 1: 16 w + g + 8 h of the tile) in columns
+  // 32 half + 8 t4 .. + 7, centred. In k16 step 2 half + e they fill the slots of k 2 t4, 2 t4 + 1 (codes 4
+  // e, 4 e + 1) and 2 t4 + 8, 2 t4 + 9 (codes 4 e + 2, 4 e + 3): the split kernel stores the activations in
+  // that order (split_affine_kernel), so each thread loads whole words of codes.
+  auto build = [&](uint32_t(&f)[4][4], int kt) {
     const uint8_t* const codes = smem + (kt % kStages) * kStageBytes + 2 * kXTile;
-    uint8_t* const tile = my_tiles + (kt & 1) * kCodeTile;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint8_t* row = codes + code_row[h] * kRowBytes;
-      const int r = 16 * warp + 8 * h + g;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int c = 4 * half + t4;
-        const uint4 u = gemm_tiles::centred_codes<BITS>(affine_codes8<BITS, false>(row, c));
-        *reinterpret_cast<uint4*>(tile + r * 128 + ((c ^ (r & 7)) << 4)) = u;
+        const uint4 u = gemm_tiles::centred_codes<BITS>(affine_codes8<BITS, false>(row, 4 * half + t4));
+        f[2 * half][h] = u.x;
+        f[2 * half][2 + h] = u.y;
+        f[2 * half + 1][h] = u.z;
+        f[2 * half + 1][2 + h] = u.w;
       }
     }
-    fence_proxy_async();
   };
-  // Until every warp of the warpgroup has written its rows of the next code tile.
-  auto warpgroup_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); };
 
   float acc[32], grp[32];
 #pragma unroll
@@ -232,15 +229,16 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
     offsets(k_ahead, sc_next, of_next);
     k_ahead += fs;
   };
-  // Stage kt's products: kSubs groups of 32 columns (fs 32), else one pass (a group of 64, or half of one of
-  // 128, which opens at even stages and folds at odd ones or the last). The next stage's codes are expanded
-  // while the tensor cores work.
-  auto stage_products = [&](auto subs, int kt) {
+  // Stage kt's products from fragments `cur`: kSubs groups of 32 columns (fs 32), else one pass (a group of
+  // 64, or half of one of 128, which opens at even stages and folds at odd ones or the last). The next
+  // stage's fragments go into `next` while the tensor cores work: two sets, so no register an in-flight
+  // product reads is written before its wait.
+  auto stage_products = [&](auto subs, int kt, uint32_t(&cur)[4][4], uint32_t(&next)[4][4]) {
     constexpr int kSubs = decltype(subs)::value;
     constexpr int kSteps = 4 / kSubs;
     const int s = kt % kStages;
     const uint8_t* const stage = smem + s * kStageBytes;
-    const uint32_t x_base = smem_addr(stage), a_base = smem_addr(my_tiles + (kt & 1) * kCodeTile);
+    const uint32_t x_base = smem_addr(stage);
     const float* const sums = reinterpret_cast<const float*>(stage + 2 * kXTile + 2 * kBox);
     const int open = kSubs == 2 || fs_shift == 6 || (kt & 1) == 0 ? 0 : 1;  // scale-d 0: a fresh group
     const bool closes = kSubs == 2 || fs_shift == 6 || (kt & 1) == 1 || kt + 1 == P.k_tiles;
@@ -250,33 +248,35 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
 #pragma unroll
       for (int q = 0; q < kSteps; ++q) {
         const int kk = sub * kSteps + q;
-        const uint64_t w = tile_desc(a_base + 32 * kk);
-        wgmma_m64n64k16(grp, w, tile_desc(x_base + 32 * kk), q == 0 ? open : 1);
-        wgmma_m64n64k16(grp, w, tile_desc(x_base + kXTile + 32 * kk), 1);
+        wgmma_m64n64k16_rs(grp, cur[kk], tile_desc(x_base + 32 * kk), q == 0 ? open : 1);
+        wgmma_m64n64k16_rs(grp, cur[kk], tile_desc(x_base + kXTile + 32 * kk), 1);
       }
       wgmma_commit();
       const bool last = sub == kSubs - 1;
       if (last && kt + 1 < P.k_tiles) {
         wait_stage(&full[(kt + 1) % kStages], static_cast<uint32_t>(((kt + 1) / kStages) & 1));
-        expand(kt + 1);
+        build(next, kt + 1);
       }
       wgmma_wait<0>();
       fence_registers(grp);
-      if (last) warpgroup_sync();
       if (closes) fold(sums + sub * kARows);
     }
     if (lane == 0) mbar_arrive(&empty[s]);
   };
 
+  uint32_t fa[4][4], fb[4][4];
   wait_stage(&full[0], 0);
-  expand(0);
-  warpgroup_sync();
-  for (int kt = 0; kt < P.k_tiles; ++kt) {
-    if (fs_shift == 5) {
-      stage_products(std::integral_constant<int, 2>{}, kt);
-    } else {
-      stage_products(std::integral_constant<int, 1>{}, kt);
+  build(fa, 0);
+  auto products = [&](auto subs) {
+    for (int kt = 0; kt < P.k_tiles; kt += 2) {
+      stage_products(subs, kt, fa, fb);
+      if (kt + 1 < P.k_tiles) stage_products(subs, kt + 1, fb, fa);
     }
+  };
+  if (fs_shift == 5) {
+    products(std::integral_constant<int, 2>{});
+  } else {
+    products(std::integral_constant<int, 1>{});
   }
   pdl_launch_dependents();
 
@@ -352,11 +352,17 @@ __global__ void __launch_bounds__(128) split_affine_kernel(const AffineSplit a) 
     float sum = (v[0] + v[1]) + (v[2] + v[3]);
     for (int m = 1; m < quads_per_group; m <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
     if (k < a.k) {
-      uint2 h, l;
-      split_pair(v[0], v[1], &h.x, &l.x);
-      split_pair(v[2], v[3], &h.y, &l.y);
-      *reinterpret_cast<uint2*>(hi + k) = h;
-      *reinterpret_cast<uint2*>(lo + k) = l;
+      // Columns k .. k + 3 (4 e + 8 t4 of their 32-column block) go where the products' k16 step 2 half + e
+      // reads them with codes 4 e .. 4 e + 3 of thread t4 (tma_affine_kernel's build): k slots 2 t4, 2 t4 + 1
+      // and 2 t4 + 8, 2 t4 + 9.
+      const int64_t c = k & 31, at = (k - c) + 16 * ((c >> 2) & 1) + 2 * (c >> 3);
+      uint32_t h0, l0, h1, l1;
+      split_pair(v[0], v[1], &h0, &l0);
+      split_pair(v[2], v[3], &h1, &l1);
+      *reinterpret_cast<uint32_t*>(hi + at) = h0;
+      *reinterpret_cast<uint32_t*>(hi + at + 8) = h1;
+      *reinterpret_cast<uint32_t*>(lo + at) = l0;
+      *reinterpret_cast<uint32_t*>(lo + at + 8) = l1;
       if ((q & (quads_per_group - 1)) == 0) a.sums[(k >> a.fs_shift) * a.sum_stride + row] = sum;
     }
   }

@@ -120,6 +120,23 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t a, uint
       : "l"(a), "l"(b), "r"(scale_d));
 }
 
+// S = A B (scale_d 0) or S += A B with A from registers (the m16n8k16 A fragment of each warp's 16 rows: four
+// bf16x2 registers) and B a K-major 128-byte-swizzled shared tile (tile_desc). The registers are read while
+// the product runs: none may be written before the wgmma_wait that covers it.
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
+                                                   int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" PD_WGMMA_REGS32
+      "}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "}\n"
+      : PD_WGMMA_ACC32(d, 0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
 // D += A B with A from registers (the m16n8k16 A fragment of each warp's 16 rows: four bf16x2 registers)
 // and B an N-major shared operand (nmajor_desc).
 __device__ __forceinline__ void wgmma_m64n256k16_rs_nmajor(float (&d)[128], const uint32_t (&a)[4],
