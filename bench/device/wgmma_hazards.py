@@ -21,9 +21,12 @@ NO_DEST = ("ST", "STS", "STG", "STL", "RED", "BRA", "BAR", "EXIT", "RET", "CALL"
 
 
 def width(op):
+    """Registers an instruction writes from its first operand on."""
+    if op.startswith("LDSM"):  # ldmatrix: .x1/.x2/.x4 as a trailing .1/.2/.4
+        return int(op.rsplit(".", 1)[1]) if op.rsplit(".", 1)[1] in ("1", "2", "4") else 4
     if ".128" in op:
         return 4
-    if ".64" in op or op.startswith("IMAD.WIDE") or ".WIDE" in op:
+    if ".64" in op or ".WIDE" in op or op.startswith(("DADD", "DMUL", "DFMA", "DSETP")) or ".F64" in op:
         return 2
     return 1
 
