@@ -303,10 +303,11 @@ __global__ void __launch_bounds__(kThreads, 1) tma_affine_kernel(const __grid_co
 #endif
 }
 
-// The activations a part's products read: bf16 hi and lo rows [rows, K] and the f32 sum of each fs-column
-// group (a tree: pairs within a thread's four columns, then neighbouring lanes) at sums[group * sum_stride +
-// row]. A block per row: a grouped part's row 64 t + i holds entry i of row tile t (its source row list[...]
-// / list_div), zeros past the expert's entries; a plain part's row r is x's row r.
+// The activations a part's products read: bf16 hi and lo rows [rows, K] (columns in the products' order
+// within each 32, below) and the f32 sum of each fs-column group (a tree: pairs within a thread's four
+// columns, then neighbouring lanes) at sums[group * sum_stride + row]. A block per row: a grouped part's row
+// 64 t + i holds entry i of row tile t (its source row list[...] / list_div), zeros past the expert's
+// entries; a plain part's row r is x's row r.
 struct AffineSplit {
   const float* x;
   int64_t xs;

@@ -15,14 +15,13 @@ namespace pd::cuda {
 // Host side (gemm_tma.cu). Whether this build and device run the kernels of this header (an sm_90a build on
 // an sm_90 device, with the driver's tensor-map encoder).
 bool wgmma_available();
-// A bf16 matrix [rows, cols], rows row_stride elements apart, read in 128-byte-swizzled boxes of box_rows x
-// box_cols (box_cols x 2 bytes at most 128), zeros past its ends. Only where wgmma_available(); false when
-// the driver refuses the map.
 // A tensor map of `rank` dimensions (dims innermost first; strides in bytes of dimensions 1..), zeros past
 // its ends. Only where wgmma_available(); false when the driver refuses it.
 bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank, const void* data,
                        const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
                        CUtensorMapSwizzle swizzle);
+// A bf16 matrix [rows, cols], rows row_stride elements apart, read in 128-byte-swizzled boxes of box_rows x
+// box_cols (box_cols x 2 bytes at most 128), zeros past its ends (encode_tensor_map).
 bool encode_bf16_tile_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int64_t row_stride,
                           int box_cols, int box_rows);
 // The copy engine refused a tensor map whose shapes the caller had checked: only a failing driver gets here.
