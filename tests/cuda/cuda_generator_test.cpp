@@ -6,7 +6,9 @@
 //   - the same requests on a CUDA backend with graphs off (PD_CUDA_GRAPHS=0, every op launched eagerly):
 //     tokens and logprobs bit for bit, so capture and replay (staged uploads, drafts read on the device,
 //     rollbacks, buffers that grow in a step) change nothing;
-//   - the backend's counters: one host wait per step and cycle, most steps replayed as graphs.
+//   - the backend's counters: one host wait per step and cycle, most steps replayed as graphs, and plain
+//   steps
+//     with the MTP head observing them replayed, not recorded anew.
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -18,6 +20,7 @@
 #include "puredrive/backend/cuda/cuda_backend.h"
 #include "puredrive/decode/exactness_gates.h"
 #include "puredrive/decode/generator.h"
+#include "puredrive/decode/mtp_drafter.h"
 #include "puredrive/decode/scripted_drafter.h"
 
 namespace pd {
@@ -194,6 +197,39 @@ TEST_P(CudaGenerator, OneHostWaitPerCycle) {
   EXPECT_GE(s1.graph_replays - s0.graph_replays, r->steps)
       << "eager steps: " << s1.eager_steps - s0.eager_steps;
   EXPECT_EQ(s1.eager_steps - s0.eager_steps, 0);
+}
+
+// Plain steps with the MTP head observing (the adaptive draft length's plain stretches): the head's pending
+// rows take a few places, so after a warm-up no step records a new graph. Each step once had its row copied
+// to a new place, and recorded a graph of its own.
+TEST_P(CudaGenerator, PlainStepsWithTheHeadReplayTheirGraphs) {
+  std::string why;
+  std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), true, &why);
+  if (g == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
+  Expected<SequenceState> st =
+      g->model->new_state({.ctx_size = 256, .kv_dtype = DType::kBF16, .max_rows = 8});
+  ASSERT_TRUE(st.has_value()) << st.status().to_string();
+  Expected<std::unique_ptr<MtpDrafter>> head = MtpDrafter::create(*g->model);
+  ASSERT_TRUE(head.has_value()) << head.status().to_string();
+  auto run_steps = [&](int first, int count) {
+    for (int32_t n = first; n < first + count; ++n) {
+      const int32_t token = 11 + n % 5;
+      ASSERT_TRUE(g->be->begin_step().is_ok());
+      Expected<StepOutput> o = g->model->forward(*st, std::span(&token, 1), std::span(&n, 1),
+                                                 {.logits = LogitRows::kLast, .tap = {}});
+      ASSERT_TRUE(o.has_value()) << o.status().to_string();
+      const int32_t next = 11 + (n + 1) % 5;
+      ASSERT_TRUE((*head)->observe(*st, n, std::span(&next, 1), o->hidden).is_ok());
+      ASSERT_TRUE(g->be->end_step().is_ok());
+    }
+  };
+  run_steps(0, 3 * MtpDrafter::kPendingRows);  // every shape once
+  const CudaStepStats s0 = *cuda_step_stats(*g->be);
+  run_steps(3 * MtpDrafter::kPendingRows, 5 * MtpDrafter::kPendingRows);
+  const CudaStepStats s1 = *cuda_step_stats(*g->be);
+  EXPECT_LE((*head)->pending_rows(), MtpDrafter::kPendingRows);
+  EXPECT_EQ(s1.graphs_captured - s0.graphs_captured, 0);
+  EXPECT_EQ(s1.graph_replays - s0.graph_replays, 5 * MtpDrafter::kPendingRows);
 }
 
 TEST(CudaGeneratorWindow, TheAttentionWindowIsRefusedWithAReason) {

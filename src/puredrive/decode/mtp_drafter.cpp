@@ -1,5 +1,6 @@
 #include "puredrive/decode/mtp_drafter.h"
 
+#include <algorithm>
 #include <numeric>
 
 namespace pd {
@@ -40,9 +41,15 @@ Status MtpDrafter::observe(SequenceState& state, int first, std::span<const int3
   }
   const int cap = static_cast<int>(pending_hidden_.tensor().rows);
   if (rows > cap) return make_error(ErrorCode::kInternal, "MTP drafter: {} rows exceed {}", rows, cap);
-  if (static_cast<int>(pending_tokens_.size()) + rows > cap) {
-    PD_ASSIGN_OR_RETURN(StepOutput flushed,
-                        flush(state, LogitRows::kNone, /*keep_last=*/false, /*prompt=*/true));
+  // Decode steps add a few rows each (a plain step one). Kept until the buffer is full, each such row would
+  // be copied to a new place, and the CUDA backend would record a new graph for every plain step; run through
+  // the head every kPendingRows rows, they take a few shapes that replay. A prompt's chunk left pending runs
+  // on the prefill kernels, as it would have at the next chunk.
+  const int pending = static_cast<int>(pending_tokens_.size());
+  const int limit = rows <= kPendingRows ? std::min(cap, kPendingRows) : cap;
+  if (pending > 0 && pending + rows > limit) {
+    PD_ASSIGN_OR_RETURN(StepOutput flushed, flush(state, LogitRows::kNone, /*keep_last=*/false,
+                                                  /*prompt=*/pending > kPendingRows || rows > kPendingRows));
     (void)flushed;
   }
   if (pending_tokens_.empty()) pending_first_ = first;

@@ -22,6 +22,9 @@ namespace pd {
 
 class MtpDrafter : public Drafter {
  public:
+  // Rows observed one or a few at a time (decode steps) run through the head once this many are pending.
+  static constexpr int kPendingRows = 8;
+
   static Expected<std::unique_ptr<MtpDrafter>> create(Model& model);
 
   void reset() override;
@@ -33,6 +36,7 @@ class MtpDrafter : public Drafter {
   // Continues a sequence whose head cache already holds positions [0, position) (a synthetic fill, `bench`; a
   // prefix-cache hit): the next observe() starts at `position` (>= 1).
   Status resume(int position) override;
+  int pending_rows() const { return static_cast<int>(pending_tokens_.size()); }
 
  private:
   MtpDrafter(Model& model, Buffer pending_hidden)
