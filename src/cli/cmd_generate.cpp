@@ -19,6 +19,9 @@
 #include "puredrive/chat/chat_template.h"
 #include "puredrive/decode/model_session.h"
 #include "puredrive/decode/text_stream.h"
+#ifdef PD_HAVE_CUDA
+#include "puredrive/backend/cuda/cuda_backend.h"
+#endif
 
 namespace pd::cli {
 namespace {
@@ -143,7 +146,27 @@ double peak_rss_mib() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-nlohmann::json stats_json(const DecodeResult& r) {
+// The CUDA backend's step graphs over the whole run (prefill included): a decode loop that keeps capturing
+// graphs, or runs steps eagerly, pays for it in every step.
+nlohmann::json graph_stats_json([[maybe_unused]] const Backend& backend) {
+#ifdef PD_HAVE_CUDA
+  if (std::optional<CudaStepStats> g = cuda_step_stats(backend)) {
+    return {{"graphs_captured", g->graphs_captured},
+            {"graph_replays", g->graph_replays},
+            {"nodes_in_last_graph", g->last_graph_nodes},
+            {"eager_steps", g->eager_steps},
+            {"host_waits", g->host_waits},
+            {"recorded_steps", g->recorded_steps},
+            {"host_record_seconds", g->record_seconds},
+            {"graph_gpu_seconds", g->graph_seconds},
+            {"host_launch_seconds", g->launch_seconds},
+            {"host_wait_seconds", g->wait_seconds}};
+  }
+#endif
+  return nullptr;
+}
+
+nlohmann::json stats_json(const DecodeResult& r, const Backend& backend) {
   const AcceptStats& s = r.accept;
   nlohmann::json per_position = nlohmann::json::array();
   for (size_t j = 0; j < s.proposed_at.size(); ++j) per_position.push_back(s.acceptance_rate_at(j));
@@ -159,7 +182,8 @@ nlohmann::json stats_json(const DecodeResult& r) {
           {"draft_seconds", s.draft_seconds},
           {"verify_seconds", s.verify_seconds},
           {"target_seconds", r.target_seconds},
-          {"sample_seconds", r.sample_seconds}};
+          {"sample_seconds", r.sample_seconds},
+          {"graphs", graph_stats_json(backend)}};
 }
 
 void run_generate(const GenerateArgs& a) {
@@ -245,7 +269,7 @@ void run_generate(const GenerateArgs& a) {
         {"prefill_tokens_per_second", prefill_tps},
         {"decode_seconds", r.decode_seconds},
         {"decode_tokens_per_second", decode_tps},
-        {"stats", stats_json(r)},
+        {"stats", stats_json(r, *s->backend)},
         {"peak_rss_mib", peak_rss_mib()},
         {"backend", s->backend->name()}};
     if (text) j["text"] = out_text;

@@ -1,7 +1,8 @@
 // copy_many on the CUDA backend (cuda/copy_plan.h, cuda/copy_runner.h) against bytes copied one by one on the
 // host: thousands of device regions of every size and alignment in one call, host sources and destinations
 // (the prefix cache's host tier) larger than a staging round, calls queued faster than the device runs them,
-// ordering with the ops around them, and bad lists. Skipped without a GPU.
+// ordering with the ops around them, and bad lists; copy, fill_zero and upload on views of every alignment.
+// Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
+#include "puredrive/backend/cuda/cuda_backend.h"
 
 namespace pd {
 namespace {
@@ -149,6 +151,69 @@ TEST(CudaCopyMany, KeepsItsPlaceAmongOtherOpsAndInsideSteps) {
   ASSERT_TRUE(gpu->end_step().is_ok());
   EXPECT_TRUE(cudatest::download_bytes(*gpu, b.buf.tensor()) == b.want);
   EXPECT_TRUE(cudatest::download_bytes(*gpu, c.buf.tensor()) == c.want);
+}
+
+// copy, fill_zero and upload (kernels since copy_plan.h's launch_copy_rows; uploads in a step read the
+// mapped staging) on views of every alignment and pitch, against the same bytes moved on the host: outside a
+// step, and in recorded steps, the last one replaying the graph of the one before with new uploaded bytes.
+TEST(CudaStepCopies, ViewsOfEveryAlignment) {
+  PD_CUDA_OR_SKIP(gpu);
+  std::mt19937 rng(23);
+  constexpr int64_t kRows = 37, kCols = 304;
+  DeviceBytes src = device_bytes(*gpu, rng, DType::kU8, kRows, kCols);
+  DeviceBytes dst = device_bytes(*gpu, rng, DType::kU8, kRows, kCols);
+  struct View {
+    int64_t row, rows, col, cols;
+  };
+  // Whole rows as one flat block, 16-, 8- and 4-byte aligned pieces, and odd ones.
+  const View views[] = {{0, kRows, 0, kCols}, {5, 9, 16, 128}, {2, 7, 8, 40},  {1, 30, 4, 60},
+                        {3, 11, 3, 37},       {0, 1, 1, 301},  {36, 1, 0, 304}};
+  auto view = [](const Buffer& b, const View& v) {
+    return b.tensor().row_slice(v.row, v.rows).col_slice(v.col, v.cols);
+  };
+  auto set = [&](std::vector<uint8_t>& want, const View& v, auto&& byte) {
+    for (int64_t r = 0; r < v.rows; ++r) {
+      for (int64_t c = 0; c < v.cols; ++c) {
+        want[static_cast<size_t>((v.row + r) * kCols + v.col + c)] = byte(r, c);
+      }
+    }
+  };
+  // Run 0 outside a step; runs 1-3 as the same step: recorded (the first may run eagerly while the staging
+  // grows), then replayed.
+  CudaStepStats before_last;
+  for (int run = 0; run < 4; ++run) {
+    SCOPED_TRACE(run);
+    if (run == 3) before_last = *cuda_step_stats(*gpu);
+    if (run > 0) {
+      ASSERT_TRUE(gpu->begin_step().is_ok());
+    }
+    for (size_t i = 0; i < std::size(views); ++i) {
+      const View& v = views[i];
+      // The copy's source view sits one row and 8 - i columns off the destination's, where it fits.
+      const View from{(v.row + 1) % (kRows - v.rows + 1), v.rows,
+                      (v.col + 8 - static_cast<int64_t>(i) + kCols) % (kCols - v.cols + 1), v.cols};
+      ASSERT_TRUE(gpu->copy(view(dst.buf, v), view(src.buf, from)).is_ok());
+      set(dst.want, v, [&](int64_t r, int64_t c) {
+        return src.want[static_cast<size_t>((from.row + r) * kCols + from.col + c)];
+      });
+      if (i % 2 == 1) {
+        ASSERT_TRUE(gpu->fill_zero(view(dst.buf, v)).is_ok());
+        set(dst.want, v, [](int64_t, int64_t) { return uint8_t{0}; });
+      }
+      if (i % 3 == 2) {
+        const std::vector<uint8_t> up = random_vector(rng, v.rows * v.cols);
+        ASSERT_TRUE(gpu->upload(view(dst.buf, v), up.data()).is_ok());
+        set(dst.want, v, [&](int64_t r, int64_t c) { return up[static_cast<size_t>(r * v.cols + c)]; });
+      }
+    }
+    if (run > 0) {
+      ASSERT_TRUE(gpu->end_step().is_ok());
+    }
+    EXPECT_TRUE(cudatest::download_bytes(*gpu, dst.buf.tensor()) == dst.want);
+  }
+  const CudaStepStats last = *cuda_step_stats(*gpu);
+  EXPECT_EQ(last.graphs_captured - before_last.graphs_captured, 0) << "the last step should replay a graph";
+  EXPECT_EQ(last.graph_replays - before_last.graph_replays, 1);
 }
 
 TEST(CudaCopyMany, RefusesBadListsBeforeCopyingAnything) {

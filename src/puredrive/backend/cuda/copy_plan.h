@@ -32,6 +32,12 @@ struct CopyPiece {
 // Copies pieces[0, count) (count > 0), 16 bytes at a time where source and destination share their alignment.
 void launch_copy_pieces(const CopyPiece* pieces, int64_t count, CUstream_st* stream);
 
+// A step's copies, uploads and zero fills as kernels (rows of `width` bytes, pitches in bytes; src may be
+// mapped pinned host memory): a graph launches memcpy and memset nodes far slower than kernel nodes.
+void launch_copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+                      int64_t rows, CUstream_st* stream);
+void launch_zero_rows(void* dst, int64_t pitch, int64_t width, int64_t rows, CUstream_st* stream);
+
 // A validated region with both addresses resolved; a host side is pageable memory the kernel cannot reach.
 struct CopySpan {
   uint8_t* dst = nullptr;

@@ -3,9 +3,11 @@
 #include "puredrive/backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+
 #include <fmt/format.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -75,6 +77,7 @@ Status CudaBackend::init() {
   PD_CUDA_TRY(cudaDeviceSynchronize());
   const char* env = std::getenv("PD_CUDA_GRAPHS");
   graphs_enabled_ = env == nullptr || std::string(env) != "0";
+  copy_kernels_ = cuda::env_switch_on("PD_COPY_KERNELS");
   return Status::ok();
 }
 
@@ -114,16 +117,25 @@ Status CudaBackend::upload(const Tensor& dst, const void* src) {
   const size_t bytes = width * static_cast<size_t>(dst.rows);
   if (bytes == 0) return Status::ok();
   if (recording()) {
-    // Copy the host data now into pinned staging; the recorded copy (a graph node) reads it at replay.
+    // Copy the host data now into pinned staging; the recorded copy (a graph node) reads it at replay, as a
+    // kernel reading the mapped staging over the bus.
     PD_ASSIGN_OR_RETURN(uint8_t * staged, stage(bytes));
     std::memcpy(staged, src, bytes);
     sig_.add(OpTag::kUpload);
     sig_.add(dst);
     sig_.add(reinterpret_cast<uintptr_t>(staged));
     const Tensor d = dst;
+    const uint8_t* mapped = staging_device_ + (staged - staging_);
+    const bool kernels = copy_kernels_;
     submit(
-        [d, staged, width, esize](cudaStream_t s) {
-          cudaMemcpy2DAsync(d.data, static_cast<size_t>(d.stride) * esize, staged, width, width,
+        [d, staged, mapped, width, esize, kernels](cudaStream_t s) {
+          const auto pitch = static_cast<int64_t>(d.stride * esize);
+          if (kernels) {
+            cuda::launch_copy_rows(d.data, pitch, mapped, static_cast<int64_t>(width),
+                                   static_cast<int64_t>(width), d.rows, s);
+            return;
+          }
+          cudaMemcpy2DAsync(d.data, static_cast<size_t>(pitch), staged, width, width,
                             static_cast<size_t>(d.rows), cudaMemcpyHostToDevice, s);
         },
         "upload");
@@ -145,7 +157,9 @@ Status CudaBackend::download(void* dst, const Tensor& src) {
   PD_CUDA_TRY(cudaMemcpy2DAsync(dst, width, src.data, static_cast<size_t>(src.stride) * esize, width,
                                 static_cast<size_t>(src.rows), cudaMemcpyDeviceToHost, stream_));
   ++stats_.host_waits;
+  const auto w0 = std::chrono::steady_clock::now();
   PD_CUDA_TRY(cudaStreamSynchronize(stream_));
+  stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
   if (!recording()) release_retired();
   return take_error();
 }
@@ -157,9 +171,18 @@ Status CudaBackend::copy(const Tensor& dst, const Tensor& src) {
   sig_.add(OpTag::kCopy);
   sig_.add(dst);
   sig_.add(src);
+  const bool kernels = copy_kernels_;
   submit(
-      [dst, src](cudaStream_t s) {
+      [dst, src, kernels](cudaStream_t s) {
         const size_t esize = dtype_size(src.dtype);
+        if (kernels) {
+          const bool flat = dst.contiguous() && src.contiguous();
+          cuda::launch_copy_rows(dst.data, static_cast<int64_t>(dst.stride * esize), src.data,
+                                 static_cast<int64_t>(src.stride * esize),
+                                 flat ? src.nbytes() : static_cast<int64_t>(src.cols * esize),
+                                 flat ? 1 : src.rows, s);
+          return;
+        }
         if (dst.contiguous() && src.contiguous()) {  // 1-D: no pitch limit
           cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.nbytes()), cudaMemcpyDeviceToDevice, s);
           return;
@@ -176,9 +199,17 @@ Status CudaBackend::fill_zero(const Tensor& dst) {
   PD_TRY(check_device("fill_zero", dst));
   sig_.add(OpTag::kFillZero);
   sig_.add(dst);
+  const bool kernels = copy_kernels_;
   submit(
-      [dst](cudaStream_t s) {
+      [dst, kernels](cudaStream_t s) {
         const size_t esize = dtype_size(dst.dtype);
+        if (kernels) {
+          const bool flat = dst.contiguous();
+          cuda::launch_zero_rows(dst.data, static_cast<int64_t>(dst.stride * esize),
+                                 flat ? dst.nbytes() : static_cast<int64_t>(dst.cols * esize),
+                                 flat ? 1 : dst.rows, s);
+          return;
+        }
         if (dst.contiguous()) {
           cudaMemsetAsync(dst.data, 0, static_cast<size_t>(dst.nbytes()), s);
           return;

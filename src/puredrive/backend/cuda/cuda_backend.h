@@ -41,6 +41,10 @@ struct CudaStepStats {
   // begin_step() whose previous step was still running (its staged uploads are reused), and a copy_many()
   // with host destinations or whose pinned buffers were all still in use (cuda/copy_runner.h).
   int64_t host_waits = 0;
+  // Host time in end_step() launching the step (graph lookup, recording when new, launch), and blocked in
+  // download() and begin_step() waiting for the device.
+  double launch_seconds = 0;
+  double wait_seconds = 0;
 };
 
 // Device time of ops run eagerly while profiling is on (events around each op, a synchronisation after each:

@@ -251,6 +251,8 @@ class CudaBackend final : public Backend {
   bool graph_timed_ = false;
   std::chrono::steady_clock::time_point step_begin_time_;
   bool graphs_enabled_ = true;
+  bool copy_kernels_ =
+      true;  // a step's copies, uploads and zero fills as kernels (PD_COPY_KERNELS=0: memcpy)
   bool reference_prefill_ = false;
 
   std::vector<void*> weights_;  // device allocations of bound weights
@@ -276,6 +278,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::WeightUploader> uploader_;
   std::unique_ptr<cuda::CopyRunner> copier_;
   uint8_t* staging_ = nullptr;
+  const uint8_t* staging_device_ = nullptr;  // the staging's mapped address on the device
   size_t staging_bytes_ = 0;
   size_t staging_used_ = 0;
   std::unordered_map<std::string, GraphEntry> graphs_;

@@ -22,7 +22,9 @@ Status CudaBackend::begin_step() {
     // Not an error: keep it from looking like a failed launch to the next cudaGetLastError().
     if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
     ++stats_.host_waits;
+    const auto w0 = std::chrono::steady_clock::now();
     PD_CUDA_TRY(cudaEventSynchronize(step_done_));
+    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
   } else if (done != cudaSuccess) {
     return cuda_error(done, "cudaEventQuery");
   }
@@ -50,7 +52,9 @@ Status CudaBackend::end_step() {
   stats_.record_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - step_begin_time_).count();
   ++stats_.recorded_steps;
+  const auto l0 = std::chrono::steady_clock::now();
   Status st = run_pending();
+  stats_.launch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
   sig_.stop();
   if (step_eager_) ++stats_.eager_steps;
   step_eager_ = false;
@@ -178,8 +182,11 @@ Expected<uint8_t*> CudaBackend::stage(size_t bytes) {
     if (staging_ != nullptr) retired_host_.push_back(staging_);
     staging_bytes_ = std::max<size_t>(need * 2, size_t{1} << 20);
     void* p = nullptr;
-    PD_CUDA_TRY(cudaHostAlloc(&p, staging_bytes_, cudaHostAllocDefault));
+    PD_CUDA_TRY(cudaHostAlloc(&p, staging_bytes_, cudaHostAllocMapped));
     staging_ = static_cast<uint8_t*>(p);
+    void* mapped = nullptr;
+    PD_CUDA_TRY(cudaHostGetDevicePointer(&mapped, p, 0));
+    staging_device_ = static_cast<const uint8_t*>(mapped);
     staging_used_ = 0;
     clear_graphs();
     if (recording()) step_moved_buffers_ = true;
