@@ -216,6 +216,34 @@ TEST(CudaStepCopies, ViewsOfEveryAlignment) {
   EXPECT_EQ(last.graph_replays - before_last.graph_replays, 1);
 }
 
+// A list between device tensors inside a step is a kernel of the step's graph (a rollback's GDN states): the
+// replayed graph copies the sources' current bytes.
+TEST(CudaCopyMany, DeviceListsInsideAStepReplayWithTheirGraph) {
+  PD_CUDA_OR_SKIP(gpu);
+  std::mt19937 rng(29);
+  DeviceBytes a = device_bytes(*gpu, rng, DType::kU8, 1, 200000);
+  DeviceBytes b = device_bytes(*gpu, rng, DType::kU8, 1, 200000);
+  CudaStepStats before_last;
+  for (int run = 0; run < 4; ++run) {
+    SCOPED_TRACE(run);
+    if (run == 3) before_last = *cuda_step_stats(*gpu);
+    a.want = random_vector(rng, a.buf.nbytes());  // new sources for every run
+    ASSERT_TRUE(gpu->upload(a.buf.tensor(), a.want.data()).is_ok());
+    Plan p;
+    p.add(b.buf.tensor(), b.want, 0, a.buf.tensor(), a.want, 0, 131072 + 5);  // pieces of 64 KB, a tail
+    p.add(b.buf.tensor(), b.want, 140001, a.buf.tensor(), a.want, 150003, 999);
+    p.add(b.buf.tensor(), b.want, 150016, a.buf.tensor(), a.want, 160032, 4096);
+    ASSERT_TRUE(gpu->begin_step().is_ok());
+    ASSERT_TRUE(gpu->copy_many(p.regions).is_ok());
+    ASSERT_TRUE(gpu->end_step().is_ok());
+    EXPECT_TRUE(cudatest::download_bytes(*gpu, b.buf.tensor()) == b.want);
+  }
+  const CudaStepStats last = *cuda_step_stats(*gpu);
+  EXPECT_EQ(last.graphs_captured - before_last.graphs_captured, 0);
+  EXPECT_EQ(last.graph_replays - before_last.graph_replays, 1);
+  EXPECT_EQ(last.eager_steps - before_last.eager_steps, 0);
+}
+
 TEST(CudaCopyMany, RefusesBadListsBeforeCopyingAnything) {
   PD_CUDA_OR_SKIP(gpu);
   std::mt19937 rng(20);

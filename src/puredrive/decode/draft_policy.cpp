@@ -77,7 +77,14 @@ double DraftPolicy::expected_tokens(int k) const {
 void DraftPolicy::record_time(Timing& t, double seconds) {
   ++t.samples;
   if (t.samples == 1) return;  // the first: a graph recording on the GPU
-  t.seconds = t.samples == 2 ? seconds : (1.0 - kTimeWeight) * t.seconds + kTimeWeight * seconds;
+  if (t.samples == 2) {
+    t.seconds = seconds;
+    return;
+  }
+  const bool slow = seconds > kOutlier * t.seconds;
+  if (slow && ++t.outliers < kOutlierRun) return;
+  if (!slow) t.outliers = 0;
+  t.seconds = (1.0 - kTimeWeight) * t.seconds + kTimeWeight * seconds;
 }
 
 double DraftPolicy::seconds_of(int k) const {

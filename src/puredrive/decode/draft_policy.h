@@ -8,7 +8,8 @@
 //   - a_j, the chance that draft j is accepted once drafts 1..j-1 were (decayed counts, an optimistic prior
 //     so that a request starts by drafting);
 //   - the seconds of a plain step and of a cycle of each k (moving averages; the first sample of each is
-//     left out: on the GPU it records the step's graph);
+//     left out: on the GPU it records the step's graph; so is a lone sample over twice the average: a cycle
+//     records a graph of its own the first time it follows each count of kept drafts);
 // and picks the k in 0..max_draft (0: a plain step) with the most expected tokens per second,
 // E(k) / t(k) with E(k) = 1 + a_1 + a_1 a_2 + ... + a_1..a_k. While it decodes plainly it learns nothing
 // about acceptance, so after kProbeEvery plain steps it drafts once more at max_draft, and after twice as
@@ -35,6 +36,9 @@ class DraftPolicy {
   static constexpr double kPriorAccept = 0.8;
   static constexpr double kPriorWeight = 2.0;  // cycles' worth of the prior
   static constexpr double kTimeWeight = 0.2;   // weight of the newest time in its moving average
+  // A time over kOutlier x its average is left out, unless kOutlierRun such times came in a row.
+  static constexpr double kOutlier = 2.0;
+  static constexpr int kOutlierRun = 3;
 
   explicit DraftPolicy(int max_draft);
 
@@ -52,6 +56,7 @@ class DraftPolicy {
   struct Timing {
     int samples = 0;  // including the one left out
     double seconds = 0;
+    int outliers = 0;  // slow times in a row
     bool known() const { return samples >= 2; }
   };
   void record_time(Timing& t, double seconds);

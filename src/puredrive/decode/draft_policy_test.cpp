@@ -109,6 +109,22 @@ TEST(DraftPolicy, LeavesOutEachFirstTime) {
   EXPECT_EQ(p.next(), 1);  // 1.8+ tokens for 1.2 steps
 }
 
+TEST(DraftPolicy, LeavesOutLoneSlowStepsNotARunOfThem) {
+  DraftPolicy p(1);
+  explore(p, 1, 1, 1.2, 1.0);  // 1.8+ tokens for 1.2 steps
+  // A cycle that recorded a graph: left out.
+  p.record_cycle(1, 1, 50.0);
+  EXPECT_EQ(p.next(), 1);
+  p.record_cycle(1, 1, 1.2);
+  // Then the machine gets slower: the third slow cycle in a row counts, and the average follows.
+  for (int i = 0; i < DraftPolicy::kOutlierRun - 1; ++i) {
+    p.record_cycle(1, 1, 5.0);
+    EXPECT_EQ(p.next(), 1) << "slow cycle " << i;
+  }
+  for (int i = 0; i < 5; ++i) p.record_cycle(1, 1, 5.0);
+  EXPECT_EQ(p.next(), 0);
+}
+
 TEST(DraftPolicy, NoDraftsWithoutADraftLength) {
   DraftPolicy p(0);
   EXPECT_EQ(p.next(), 0);

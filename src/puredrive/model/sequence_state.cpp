@@ -1,6 +1,8 @@
 #include "puredrive/model/sequence_state.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 namespace pd {
 namespace {
@@ -124,14 +126,19 @@ Status SequenceState::rewind(int new_length) {
           new_length, step_begin_ + 1, step_begin_ + step_rows_,
           step_snapshots_ ? "" : "; that step kept no snapshots");
     }
+    // One copy_many for every layer: a rollback is one kernel of the next step on the GPU.
+    std::vector<CopyRegion> regions;
     for (size_t i = 0; i < layers_.size(); ++i) {
       if (spec_.layers[i] != LayerType::kLinearAttention) continue;
       const LayerState& l = layers_[i];
-      PD_TRY(backend_->copy(l.conv.tensor().reshaped(1, conv_floats(spec_)),
-                            l.conv_snapshots.row_slice(row, 1)));
-      PD_TRY(backend_->copy(l.recurrent.tensor().reshaped(1, spec_.recurrent_size),
-                            l.recurrent_snapshots.row_slice(row, 1)));
+      for (const auto& [state, snapshots] :
+           {std::pair(&l.conv, &l.conv_snapshots), std::pair(&l.recurrent, &l.recurrent_snapshots)}) {
+        const Tensor from = snapshots->tensor().row_slice(row, 1);
+        regions.push_back(
+            {.dst = state->tensor(), .dst_offset = 0, .src = from, .src_offset = 0, .bytes = from.nbytes()});
+      }
     }
+    PD_TRY(backend_->copy_many(regions));
   }
   length_ = new_length;
   mtp_length_ = std::min(mtp_length_, new_length);

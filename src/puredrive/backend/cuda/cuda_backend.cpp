@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -221,9 +222,15 @@ Status CudaBackend::fill_zero(const Tensor& dst) {
   return take_error_if_eager();
 }
 
-// One launch per round of copy_plan.h; a region between two host tensors is a memcpy here.
+// One launch per round of copy_plan.h; a region between two host tensors is a memcpy here. Inside a recorded
+// step, a list between device tensors is one kernel of the step (a rollback's GDN states): its piece table
+// goes into the step's mapped staging, so that the step's graph replays it.
 Status CudaBackend::copy_many(std::span<const CopyRegion> regions) {
   PD_TRY(validate_copy_many(Device::kCuda, regions));
+  const bool device_only = std::all_of(regions.begin(), regions.end(), [](const CopyRegion& r) {
+    return r.dst.device == Device::kCuda && r.src.device == Device::kCuda;
+  });
+  if (recording() && device_only) return record_copy_many(regions);
   PD_TRY(flush_for_host());
   std::vector<cuda::CopySpan> spans;
   spans.reserve(regions.size());
@@ -241,6 +248,38 @@ Status CudaBackend::copy_many(std::span<const CopyRegion> regions) {
   }
   PD_TRY(copier_->run(spans, stats_.host_waits));
   return take_error();
+}
+
+Status CudaBackend::record_copy_many(std::span<const CopyRegion> regions) {
+  std::vector<cuda::CopySpan> spans;
+  spans.reserve(regions.size());
+  for (const CopyRegion& r : regions) {
+    if (r.bytes == 0) continue;
+    spans.push_back({.dst = static_cast<uint8_t*>(r.dst.data) + r.dst_offset,
+                     .src = static_cast<const uint8_t*>(r.src.data) + r.src_offset,
+                     .bytes = r.bytes});
+  }
+  if (spans.empty()) return Status::ok();
+  const std::vector<cuda::CopyRound> rounds = cuda::plan_copies(spans);
+  if (rounds.size() != 1) return make_error(ErrorCode::kInternal, "copy_many: {} rounds", rounds.size());
+  const cuda::CopyRound& round = rounds[0];
+  PD_ASSIGN_OR_RETURN(uint8_t * table, stage(static_cast<size_t>(round.pinned_bytes())));
+  uint8_t* mapped = staging_device_ + (table - staging_);
+  round.write_table(table, mapped);
+  sig_.add(OpTag::kCopyMany);
+  sig_.add(reinterpret_cast<uintptr_t>(table));
+  for (const cuda::CopySpan& sp : spans) {
+    sig_.add(reinterpret_cast<uintptr_t>(sp.dst));
+    sig_.add(reinterpret_cast<uintptr_t>(sp.src));
+    sig_.add(sp.bytes);
+  }
+  const auto count = static_cast<int64_t>(round.pieces.size());
+  submit(
+      [mapped, count](cudaStream_t s) {
+        cuda::launch_copy_pieces(reinterpret_cast<const cuda::CopyPiece*>(mapped), count, s);
+      },
+      "copy_many");
+  return take_error_if_eager();
 }
 
 Status CudaBackend::synchronize() {

@@ -96,7 +96,8 @@ enum class OpTag : uint32_t {
   kMoe,
   kArgmax,
   kMatmuls,
-  kSample
+  kSample,
+  kCopyMany
 };
 
 struct BoundMoe {
@@ -222,6 +223,7 @@ class CudaBackend final : public Backend {
   void clear_graphs();
   // Pinned host memory for uploads inside a step.
   Expected<uint8_t*> stage(size_t bytes);
+  Status record_copy_many(std::span<const CopyRegion> regions);  // a device-only list inside a step
   Expected<void*> scratch(Scratch& s, int64_t bytes);
   // Frees memory replaced while work may still have referenced it (cudaFree waits for the device).
   void release_retired();
@@ -278,7 +280,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::WeightUploader> uploader_;
   std::unique_ptr<cuda::CopyRunner> copier_;
   uint8_t* staging_ = nullptr;
-  const uint8_t* staging_device_ = nullptr;  // the staging's mapped address on the device
+  uint8_t* staging_device_ = nullptr;  // the staging's mapped address on the device
   size_t staging_bytes_ = 0;
   size_t staging_used_ = 0;
   std::unordered_map<std::string, GraphEntry> graphs_;

@@ -186,7 +186,7 @@ Expected<uint8_t*> CudaBackend::stage(size_t bytes) {
     staging_ = static_cast<uint8_t*>(p);
     void* mapped = nullptr;
     PD_CUDA_TRY(cudaHostGetDevicePointer(&mapped, p, 0));
-    staging_device_ = static_cast<const uint8_t*>(mapped);
+    staging_device_ = static_cast<uint8_t*>(mapped);
     staging_used_ = 0;
     clear_graphs();
     if (recording()) step_moved_buffers_ = true;
