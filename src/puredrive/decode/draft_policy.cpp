@@ -81,6 +81,11 @@ void DraftPolicy::record_time(Timing& t, double seconds) {
     t.seconds = seconds;
     return;
   }
+  if (seconds * kOutlier < t.seconds) {  // the average held a recording: start again from this time
+    t.seconds = seconds;
+    t.outliers = 0;
+    return;
+  }
   const bool slow = seconds > kOutlier * t.seconds;
   if (slow && ++t.outliers < kOutlierRun) return;
   if (!slow) t.outliers = 0;

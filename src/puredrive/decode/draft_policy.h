@@ -9,7 +9,8 @@
 //     so that a request starts by drafting);
 //   - the seconds of a plain step and of a cycle of each k (moving averages; the first sample of each is
 //     left out: on the GPU it records the step's graph; so is a lone sample over twice the average: a cycle
-//     records a graph of its own the first time it follows each count of kept drafts);
+//     records a graph of its own the first time it follows each count of kept drafts; and a sample under
+//     half the average replaces it, which then held such a recording);
 // and picks the k in 0..max_draft (0: a plain step) with the most expected tokens per second,
 // E(k) / t(k) with E(k) = 1 + a_1 + a_1 a_2 + ... + a_1..a_k. While it decodes plainly it learns nothing
 // about acceptance, so after kProbeEvery plain steps it drafts once more at max_draft, and after twice as

@@ -125,6 +125,18 @@ TEST(DraftPolicy, LeavesOutLoneSlowStepsNotARunOfThem) {
   EXPECT_EQ(p.next(), 0);
 }
 
+TEST(DraftPolicy, ATimeUnderHalfTheAverageReplacesIt) {
+  DraftPolicy p(1);
+  explore(p, 1, 1, 5.0, 1.0);  // the second cycle recorded a graph too: 1.9 tokens for 5 steps
+  for (int i = 0; i < DraftPolicy::kProbeEvery - 2; ++i) {
+    ASSERT_EQ(p.next(), 0) << "step " << i;
+    p.record_plain(1.0);
+  }
+  ASSERT_EQ(p.next(), 1);  // the probe takes 1.2 steps: drafting pays
+  p.record_cycle(1, 1, 1.2);
+  EXPECT_EQ(p.next(), 1);
+}
+
 TEST(DraftPolicy, NoDraftsWithoutADraftLength) {
   DraftPolicy p(0);
   EXPECT_EQ(p.next(), 0);
