@@ -232,6 +232,37 @@ TEST_P(CudaGenerator, PlainStepsWithTheHeadReplayTheirGraphs) {
   EXPECT_EQ(s1.graph_replays - s0.graph_replays, 5 * MtpDrafter::kPendingRows);
 }
 
+// A prefill step runs eagerly the first time its shape is seen and records a graph the second time: a prompt
+// of a new length does not pay for a graph it will not replay.
+TEST_P(CudaGenerator, PrefillStepsRecordAGraphWhenTheirShapeComesBack) {
+  std::string why;
+  std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), true, &why);
+  if (g == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
+  Expected<SequenceState> st =
+      g->model->new_state({.ctx_size = 256, .kv_dtype = DType::kBF16, .max_rows = 8});
+  ASSERT_TRUE(st.has_value()) << st.status().to_string();
+  auto prefill = [&](int rows) {
+    ASSERT_TRUE(st->reset().is_ok());
+    std::vector<int32_t> tokens(static_cast<size_t>(rows)), positions(static_cast<size_t>(rows));
+    for (int i = 0; i < rows; ++i) {
+      tokens[static_cast<size_t>(i)] = 11 + i % 5;
+      positions[static_cast<size_t>(i)] = i;
+    }
+    ASSERT_TRUE(g->be->begin_step().is_ok());
+    Expected<StepOutput> o =
+        g->model->forward(*st, tokens, positions, {.logits = LogitRows::kLast, .tap = {}, .prefill = true});
+    ASSERT_TRUE(o.has_value()) << o.status().to_string();
+    ASSERT_TRUE(g->be->end_step().is_ok());
+  };
+  prefill(13);  // the buffers grow for the widest step
+  const CudaStepStats s0 = *cuda_step_stats(*g->be);
+  for (int i = 0; i < 3; ++i) prefill(12);
+  const CudaStepStats s1 = *cuda_step_stats(*g->be);
+  EXPECT_EQ(s1.eager_steps - s0.eager_steps, 1) << "the first 12-row prefill runs eagerly";
+  EXPECT_EQ(s1.graphs_captured - s0.graphs_captured, 1) << "the second records its graph";
+  EXPECT_EQ(s1.graph_replays - s0.graph_replays, 2);
+}
+
 TEST(CudaGeneratorWindow, TheAttentionWindowIsRefusedWithAReason) {
   std::string why;
   std::unique_ptr<Backend> be = cudatest::try_cuda(&why);

@@ -18,6 +18,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "puredrive/backend/cuda/copy_runner.h"
@@ -273,7 +274,9 @@ class CudaBackend final : public Backend {
   // Step recording.
   int step_depth_ = 0;
   bool step_eager_ = false;
-  bool step_moved_buffers_ = false;  // a scratch or staging buffer was replaced while recording
+  bool step_moved_buffers_ = false;            // a scratch or staging buffer was replaced while recording
+  bool step_prefill_ = false;                  // the step holds prefill ops
+  std::unordered_set<size_t> prefill_shapes_;  // hashes of the prefill steps' signatures seen
   bool step_recorded_ = false;
   Signature sig_;
   std::vector<Launch> pending_;

@@ -80,6 +80,7 @@ Status CudaBackend::gated_attention(const GatedAttentionArgs& a) {
   sig_.add(a.q_norm.index);
   sig_.add(a.k_norm.index);
   sig_.add(static_cast<int32_t>(l.prefill));
+  step_prefill_ = step_prefill_ || a.prefill;
   submit([l](cudaStream_t s) { cuda::launch_attention(l, s); }, "gated_attention");
   return take_error_if_eager();
 }
@@ -154,6 +155,7 @@ Status CudaBackend::gated_delta_net(const GatedDeltaNetArgs& a) {
     g.seg_chunks_cap = caps.chunks;
   }
 
+  step_prefill_ = step_prefill_ || a.prefill;
   sig_.add(OpTag::kGdn);
   // A recorded prefill replays its chunk boundaries: they depend on the position modulo the chunk only.
   for (int v : {d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel, int{a.prefill},

@@ -43,6 +43,7 @@ Status CudaBackend::begin_step() {
   pending_.clear();
   step_eager_ = false;
   step_moved_buffers_ = false;
+  step_prefill_ = false;
   return Status::ok();
 }
 
@@ -126,9 +127,17 @@ Status CudaBackend::run_pending() {
   if (pending_.empty()) return Status::ok();
   std::vector<Launch> ops = std::move(pending_);
   pending_.clear();
+  // A prefill step's shape (its rows) rarely comes back: it runs eagerly the first time, and records a graph
+  // only when seen again (a prompt of a new length would otherwise cost a recording and a cache entry).
+  bool first_prefill = false;
+  if (graphs_enabled_ && step_prefill_) {
+    if (prefill_shapes_.size() >= kMaxGraphs * 8) prefill_shapes_.clear();
+    first_prefill = prefill_shapes_.insert(std::hash<std::string>{}(sig_.bytes())).second &&
+                    !graphs_.contains(sig_.bytes());
+  }
   // Ops recorded before a scratch or staging buffer moved hold its old address, which is freed after this
   // step: such a graph must not be replayed, so the step runs eagerly (its next recording is cached).
-  if (!graphs_enabled_ || step_moved_buffers_) {
+  if (!graphs_enabled_ || step_moved_buffers_ || first_prefill) {
     for (Launch& fn : ops) {
       fn(stream_);
       note_error(cudaGetLastError(), "kernel launch");
