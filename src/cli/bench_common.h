@@ -43,8 +43,9 @@ struct BenchArgs {
   bool mtp_adaptive = true;    // --model: DecodeRequest::adaptive_draft of the MTP modes
   std::string accept_pattern;  // --synth: accepted drafts per cycle, cycled
   double accept_mean = 0;      // --synth: tokens per cycle of a deterministic pattern (0: 2.3, at most k + 1)
-  int mtp_draft_vocab = 0;     // ModelOptions::mtp_draft_vocab
-  int mtp_window = 0;          // ModelOptions::mtp_window
+  std::string mtp_rule = "greedy";  // --synth: greedy, or seeded (temperature 0.8, top-p 0.95, a seed)
+  int mtp_draft_vocab = 0;          // ModelOptions::mtp_draft_vocab
+  int mtp_window = 0;               // ModelOptions::mtp_window
   // --model only.
   std::string modes = "greedy,greedy-mtp,sample,sample-mtp";
   int ctx_size = 0;

@@ -27,6 +27,8 @@ void check(const Status& s) {
   bench_check(s);
 }
 
+constexpr uint64_t kSeededRuleSeed = 7;  // --mtp-rule seeded
+
 // The MTP head's real draft work, then its drafts replaced by the scripted ones: the plain run's tokens
 // (`future`, from the same state) for the first a positions of the cycle, a different token at position a
 // + 1.
@@ -220,8 +222,19 @@ nlohmann::json run_mtp_cell(const BenchArgs& a, Model& m, const SynthModel& sm, 
   }
   std::unique_ptr<DeviceSampler> sampler = check(DeviceSampler::create(be, V));
   std::unique_ptr<MtpDrafter> head = check(MtpDrafter::create(m));
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
+  // Greedy, or seeded sampling: the scripted drafts copy the plain run's draws, which the seeded rule
+  // accepts as it accepts any draft equal to the target's draw at its position.
+  const bool seeded = a.mtp_rule == "seeded";
+  SamplingParams params;
+  params.temperature = seeded ? 0.8f : 0.0f;
+  if (seeded) {
+    params.top_p = 0.95f;
+    params.seed = kSeededRuleSeed;
+  }
+  const CycleSettings settings{.verifier = Verifier(seeded ? AcceptRule::kSeeded : AcceptRule::kGreedy),
+                               .seed = params.seed.value_or(0),
+                               .top_logprobs = -1,
+                               .timing = false};
   Rng rng(seed);
   // Positions [0, context) are in the state; only the sequence's length and last token matter here.
   std::vector<int32_t> seq(static_cast<size_t>(context), 0);
@@ -231,7 +244,7 @@ nlohmann::json run_mtp_cell(const BenchArgs& a, Model& m, const SynthModel& sm, 
     check(copy_state(be, base, work));
     check(head->resume(context - 1));
     check(head->observe(work, context - 1, std::span(&x_n, 1), hidden.tensor()));
-    check(sampler->begin(greedy, greedy, {}));
+    check(sampler->begin(params, params, {}));
     seq.resize(static_cast<size_t>(prompt_length));
   };
 
@@ -244,7 +257,7 @@ nlohmann::json run_mtp_cell(const BenchArgs& a, Model& m, const SynthModel& sm, 
   LoopTimes plain;
   DeviceCounters p0;
   {
-    CycleRunner r(m, work, *sampler, nullptr, rng, rng, {.verifier = Verifier(AcceptRule::kGreedy)});
+    CycleRunner r(m, work, *sampler, nullptr, rng, rng, settings);
     for (int i = 0; i < a.tokens; ++i) {
       const Verdict* v = check(r.plain_step(seq));
       if (i >= kPlainWarmup) plain.mark();
@@ -276,9 +289,9 @@ nlohmann::json run_mtp_cell(const BenchArgs& a, Model& m, const SynthModel& sm, 
     p.hist.assign(static_cast<size_t>(k + 1), 0);
     restart();
     PatternDrafter drafter(*head, future, pattern, V);
-    CycleRunner r(
-        m, work, *sampler, &drafter, rng, rng,
-        {.verifier = Verifier(AcceptRule::kGreedy), .seed = 0, .top_logprobs = -1, .timing = timing});
+    CycleSettings cs = settings;
+    cs.timing = timing;
+    CycleRunner r(m, work, *sampler, &drafter, rng, rng, cs);
     while (static_cast<int64_t>(seq.size()) - prompt_length + k + 1 <= static_cast<int64_t>(future.size())) {
       const size_t done = seq.size() - static_cast<size_t>(prompt_length);
       const Verdict* v = check(r.cycle(seq, prompt_length, k));
@@ -356,7 +369,7 @@ nlohmann::json run_mtp_cell(const BenchArgs& a, Model& m, const SynthModel& sm, 
       {"mtp_cache_fill", "synthetic (positions before the context's last)"},
       {"mtp_draft_vocab", draft_vocab},
       {"mtp_window", a.mtp_window},
-      {"rule", "greedy"},
+      {"rule", seeded ? "seeded (temperature 0.8, top-p 0.95)" : "greedy"},
       {"warmup_cycles", warmup},
       {"cycles", main.timed_cycles},
       {"tokens", main.timed_tokens},

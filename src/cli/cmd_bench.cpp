@@ -496,6 +496,13 @@ void setup_bench(CLI::App& app) {
          "--accept-mean", args->accept_mean,
          "--synth --mtp-draft: tokens per cycle of a deterministic pattern (default 2.3, at most k + 1)")
       ->check(CLI::Range(1.0, 16.0));
+  cmd->add_option(
+         "--mtp-rule", args->mtp_rule,
+         "--synth --mtp-draft: the sampling of the plain steps and cycles: greedy, or seeded (temperature "
+         "0.8, top-p 0.95, a seed: the exact sampling of a chat request, whose sample op the cycles run "
+         "three times)")
+      ->check(CLI::IsMember({"greedy", "seeded"}))
+      ->capture_default_str();
   add_draft_options(cmd, &args->mtp_draft_vocab, &args->mtp_window);
   add_adaptive_option(cmd, &args->mtp_adaptive);
   cmd->add_option("--ctx-size", args->ctx_size,

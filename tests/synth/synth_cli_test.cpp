@@ -321,6 +321,23 @@ TEST(BenchSynth, MtpCyclesWithAScriptedAcceptance) {
   EXPECT_TRUE(fm["acceptance_as_scripted"].get<bool>()) << fm.dump();
   EXPECT_EQ(fm["mtp_draft_vocab"], 100);
 
+  // Seeded sampling: the scripted drafts copy the plain run's draws, which the seeded rule accepts.
+  const CliRun sd =
+      run(fmt::format("bench --synth tiny --backend cpu --threads 1 --contexts 64 --tokens 40 --mtp-draft 2 "
+                      "--mtp-rule seeded "
+                      "--accept-pattern 2,0,1 --json {}",
+                      out));
+  ASSERT_EQ(sd.rc, 0) << sd.out;
+  const json sj = read_json(out);
+  const json& sm = sj["cells"][0]["mtp_cycle"];
+  EXPECT_EQ(sm["rule"], "seeded (temperature 0.8, top-p 0.95)");
+  EXPECT_TRUE(sm["output_equals_plain"].get<bool>()) << sm.dump();
+  EXPECT_TRUE(sm["acceptance_as_scripted"].get<bool>()) << sm.dump();
+  const CliRun rule =
+      run("bench --synth tiny --backend cpu --contexts 64 --tokens 48 --mtp-draft 2 --mtp-rule nucleus");
+  EXPECT_NE(rule.rc, 0);
+  EXPECT_NE(rule.out.find("--mtp-rule: nucleus not in {greedy,seeded}"), std::string::npos) << rule.out;
+
   const CliRun bad =
       run("bench --synth tiny --backend cpu --contexts 64 --tokens 48 --mtp-draft 2 --accept-pattern 1,3");
   EXPECT_NE(bad.rc, 0);
