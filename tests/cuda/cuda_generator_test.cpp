@@ -75,6 +75,11 @@ SamplingParams seeded(uint64_t seed) {
   return p;
 }
 
+// A sequence for tests that run the model's steps themselves, outside the generator.
+Expected<SequenceState> step_state(const GpuGenerator& g) {
+  return g.model->new_state({.ctx_size = 256, .kv_dtype = DType::kBF16, .max_rows = 8});
+}
+
 class CudaGenerator : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaGenerator, MtpCyclesEqualPlainDecoding) {
@@ -206,8 +211,7 @@ TEST_P(CudaGenerator, PlainStepsWithTheHeadReplayTheirGraphs) {
   std::string why;
   std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), true, &why);
   if (g == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-  Expected<SequenceState> st =
-      g->model->new_state({.ctx_size = 256, .kv_dtype = DType::kBF16, .max_rows = 8});
+  Expected<SequenceState> st = step_state(*g);
   ASSERT_TRUE(st.has_value()) << st.status().to_string();
   Expected<std::unique_ptr<MtpDrafter>> head = MtpDrafter::create(*g->model);
   ASSERT_TRUE(head.has_value()) << head.status().to_string();
@@ -238,8 +242,7 @@ TEST_P(CudaGenerator, PrefillStepsRecordAGraphWhenTheirShapeComesBack) {
   std::string why;
   std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), true, &why);
   if (g == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-  Expected<SequenceState> st =
-      g->model->new_state({.ctx_size = 256, .kv_dtype = DType::kBF16, .max_rows = 8});
+  Expected<SequenceState> st = step_state(*g);
   ASSERT_TRUE(st.has_value()) << st.status().to_string();
   auto prefill = [&](int rows) {
     ASSERT_TRUE(st->reset().is_ok());
