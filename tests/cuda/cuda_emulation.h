@@ -109,6 +109,7 @@ struct State {
   Index block_idx, grid_dim, block_dim;
   std::function<void()> body;
   uint64_t slots[2][32][32];  // [parity][warp][lane] shuffle exchange
+  int64_t launches = 0;       // kernels launched so far
 };
 
 inline State& state() {
@@ -184,6 +185,7 @@ inline void run_block(int threads) {
 
 inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
   State& s = state();
+  ++s.launches;
   const int threads = static_cast<int>(block.x * block.y * block.z);
   s.lanes.resize(static_cast<size_t>(threads));
   s.grid_dim = {grid.x, grid.y, grid.z};

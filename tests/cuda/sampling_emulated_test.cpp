@@ -87,13 +87,38 @@ TEST(SampleEmulated, MixedCasesSmallVocabularies) {
 }
 
 TEST(SampleEmulated, MixedCasesSeveralBlocksPerRow) {
-  // 5000 tokens: three blocks of 2048 per row, so the grid-wide passes and the last-block reductions run.
+  // 5000 tokens: three blocks of 2048 per row, so the last-block reductions run (and the grid-wide selection
+  // passes in the deep build, which takes them on every row size).
   expect_same(sampletest::mixed_cases(2, 16, {5000}));
 }
 
 TEST(SampleEmulated, DeepSelection) {
   expect_same(sampletest::deep_cases(5, 300));
   expect_same(sampletest::deep_cases(6, 5000));
+}
+
+// A call is a handful of launches on a small vocabulary (each is a graph node, about as costly as the work of
+// a small model's row): greedy prep and decide + finish; seeded with top_p the weights and one block's
+// selection, the scores, and decide + finish.
+TEST(SampleEmulated, SmallVocabularyCallsAreFewLaunches) {
+  sampletest::CaseMaker m(9);
+  const int vocab = 300;
+  const int passes =
+      vocab <= cuda::smp::kSelectAloneBlocks * cuda::smp::kChunk ? 0 : cuda::smp::kSelectPasses;
+  for (const auto& [rule, launches] :
+       {std::pair{SampleRule::kGreedy, 3}, std::pair{SampleRule::kSeeded, 6}}) {
+    SampleCase c = m.make(vocab, 3, rule, "launch count");
+    c.logprobs = -1;
+    if (rule == SampleRule::kSeeded) {
+      c.target = SampleParams{};
+      c.target.temperature = 0.8f;
+      c.target.top_p = 0.95f;
+    }
+    const int64_t before = emu::state().launches;
+    (void)run_emulated(c);
+    EXPECT_EQ(emu::state().launches - before, rule == SampleRule::kSeeded ? launches + passes : launches)
+        << "rule " << static_cast<int>(rule);
+  }
 }
 
 TEST(SampleEmulated, ErrorsAreReportedLikeTheReference) {

@@ -10,9 +10,12 @@
 //   weights  w = exp((z - z_max) / T) into scratch, min_p, count and exact mass, first radix digit;
 //   select   top_k / top_p by radix selection over the key (w desc, id asc): histograms of count and mass
 //            per 11-bit digit, then the few candidates left are gathered and sorted in one block; a few
-//            grid-wide passes, then one block per row finishes whatever is left;
+//            grid-wide passes (none on rows of at most 16K tokens), then one block per row finishes
+//            whatever is left;
 // then the rule: seeded scores, the block rule's residual masses Z_i, one thread deciding a, and one
-// inverse-CDF draw over the vocabulary; logprobs when asked; finish writes the output words.
+// inverse-CDF draw over the vocabulary; logprobs when asked; finish writes the output words (in the
+// decision's launch for greedy and seeded calls without logprobs). A seeded call on a small vocabulary is
+// six launches (with top_p or top_k), a greedy one three.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -130,9 +130,9 @@ __device__ void set_draw(CallState& c, int accepted, DrawMode mode, int row, int
 }
 
 // The rule's decision (one thread): a, and y or how to draw it.
-__global__ void k_decide(SampleLaunch s, Layout L) {
+__device__ void decide(const SampleLaunch& s, const Layout& L) {
   CallState& c = *L.call;
-  if (threadIdx.x != 0 || c.status != 0) return;
+  if (c.status != 0) return;
   const int nrows = s.rows + s.draft_rows;
   unsigned int err = c.row_error;
   for (int r = 0; r < nrows; ++r) {  // rows whose maximum is -inf or +inf (no weights kernel on greedy calls)
@@ -210,6 +210,10 @@ __global__ void k_decide(SampleLaunch s, Layout L) {
     default:
       return;
   }
+}
+
+__global__ void k_decide(SampleLaunch s, Layout L) {
+  if (threadIdx.x == 0) decide(s, L);
 }
 
 // The mass token t carries in the final draw: row r's, or its residual against row qr.
@@ -371,7 +375,7 @@ __device__ int32_t logprob_bits(const float* logits, double log_z, int t) {
 }
 
 // The output words (backend.h), the draft written for the verify step, and the history commit.
-__global__ void __launch_bounds__(kThreads) k_finish(SampleLaunch s, Layout L) {
+__device__ void finish(const SampleLaunch& s, const Layout& L) {
   const int n = s.logprobs;
   const int words = kOutTokens + s.rows + (n >= 0 ? s.rows * (1 + 2 * n) : 0);
   for (int i = threadIdx.x; i < words; i += kThreads) s.out[i] = -1;
@@ -424,6 +428,18 @@ __global__ void __launch_bounds__(kThreads) k_finish(SampleLaunch s, Layout L) {
   }
 }
 
+__global__ void __launch_bounds__(kThreads) k_finish(SampleLaunch s, Layout L) {
+  finish(s, L);
+}
+
+// Greedy and seeded calls without logprobs need nothing between the decision and the output words: one
+// launch for both (a launch is worth more than the one thread's work here).
+__global__ void __launch_bounds__(kThreads) k_decide_finish(SampleLaunch s, Layout L) {
+  if (threadIdx.x == 0) decide(s, L);
+  __syncthreads();
+  finish(s, L);
+}
+
 bool can_select(const SampleRowParams& p) {
   return p.temperature != 0.0f && (p.top_k > 0 || p.top_p < 1.0f);
 }
@@ -444,9 +460,13 @@ void launch_sample_impl(const SampleLaunch& s, cudaStream_t stream) {
     if (k >= 2)
       PD_SAMPLE_LAUNCH(k_residual_mass, dim3(nb, static_cast<unsigned int>(k - 1)), kThreads, stream, s, L);
   }
+  const bool draws = s.rule == SampleRule::kTokenwise || s.rule == SampleRule::kBlockwise;
+  if (!draws && s.logprobs < 0) {
+    PD_SAMPLE_LAUNCH(k_decide_finish, 1, kThreads, stream, s, L);
+    return;
+  }
   PD_SAMPLE_LAUNCH(k_decide, 1, 32, stream, s, L);
-  if (s.rule == SampleRule::kTokenwise || s.rule == SampleRule::kBlockwise)
-    PD_SAMPLE_LAUNCH(k_draw, nb, kThreads, stream, s, L);
+  if (draws) PD_SAMPLE_LAUNCH(k_draw, nb, kThreads, stream, s, L);
   if (s.logprobs >= 0)
     PD_SAMPLE_LAUNCH(k_logprobs, dim3(nb, static_cast<unsigned int>(s.rows)), kThreads, stream, s, L);
   PD_SAMPLE_LAUNCH(k_finish, 1, kThreads, stream, s, L);

@@ -36,6 +36,11 @@ constexpr int kFirstIdDigit = 6;
 #endif
 constexpr int kCap = PD_SAMPLE_GATHER_CAP;
 constexpr int kSelectPasses = PD_SAMPLE_SELECT_PASSES;
+// Rows of at most this many blocks (16K tokens) skip the grid-wide passes.
+#ifndef PD_SAMPLE_SELECT_ALONE_BLOCKS
+#define PD_SAMPLE_SELECT_ALONE_BLOCKS 8
+#endif
+constexpr int kSelectAloneBlocks = PD_SAMPLE_SELECT_ALONE_BLOCKS;
 
 // kw = bits(w) - bits(2^-106) < 2^59 for every kept weight w in [2^-106, 1]: the selection key is
 // (kw desc, id asc), stored as (kw, kIdMax - id) so that larger keys come first.

@@ -573,7 +573,10 @@ void launch_rows(const SampleLaunch& s, const Layout& L, bool weights, bool sele
   if (!weights) return;
   PD_SAMPLE_LAUNCH(k_weights, grid, kThreads, stream, s, L, select ? 1 : 0);
   if (!select) return;
-  for (int pass = 0; pass < kSelectPasses; ++pass) PD_SAMPLE_LAUNCH(k_select, grid, kThreads, stream, s, L);
+  // On a small vocabulary the one-block finisher's passes cost less than grid-wide launches.
+  if (L.nb > kSelectAloneBlocks) {
+    for (int pass = 0; pass < kSelectPasses; ++pass) PD_SAMPLE_LAUNCH(k_select, grid, kThreads, stream, s, L);
+  }
   PD_SAMPLE_LAUNCH(k_select_finish, nrows, kThreads, stream, s, L);
 }
 
