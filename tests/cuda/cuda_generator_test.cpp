@@ -227,8 +227,12 @@ TEST_P(CudaGenerator, PlainStepsWithTheHeadReplayTheirGraphs) {
       ASSERT_TRUE(g->be->end_step().is_ok());
     }
   };
+  const CudaStepStats start = *cuda_step_stats(*g->be);
   run_steps(0, 3 * MtpDrafter::kPendingRows);  // every shape once
   const CudaStepStats s0 = *cuda_step_stats(*g->be);
+  // Two shapes: the step that places its row in the head's buffer (at any of its offsets) and the one that
+  // also runs the buffer through the head; one more where a step grew a buffer and ran eagerly.
+  EXPECT_LE(s0.graphs_captured - start.graphs_captured, 3);
   run_steps(3 * MtpDrafter::kPendingRows, 5 * MtpDrafter::kPendingRows);
   const CudaStepStats s1 = *cuda_step_stats(*g->be);
   EXPECT_LE((*head)->pending_rows(), MtpDrafter::kPendingRows);

@@ -54,10 +54,19 @@ Status MtpDrafter::observe(SequenceState& state, int first, std::span<const int3
   }
   if (pending_tokens_.empty()) pending_first_ = first;
   const auto at = static_cast<int64_t>(pending_tokens_.size());
-  PD_TRY(model_.backend().copy(pending_hidden_.row_slice(at, rows), hidden));
+  PD_TRY(place_rows(pending_hidden_.row_slice(at, rows), hidden));
   pending_tokens_.insert(pending_tokens_.end(), next_tokens.begin(), next_tokens.end());
   observed_end_ = first + rows;
   return Status::ok();
+}
+
+Status MtpDrafter::place_rows(const Tensor& dst, const Tensor& src) {
+  if (!dst.contiguous() || !src.contiguous() || dst.dtype != src.dtype || dst.rows != src.rows ||
+      dst.cols != src.cols) {
+    return model_.backend().copy(dst, src);  // copy() checks the shapes and takes any strides
+  }
+  const CopyRegion region{.dst = dst, .dst_offset = 0, .src = src, .src_offset = 0, .bytes = src.nbytes()};
+  return model_.backend().copy_many(std::span(&region, 1));
 }
 
 bool MtpDrafter::can_draft(int64_t position) const {
@@ -75,8 +84,7 @@ Expected<StepOutput> MtpDrafter::flush(SequenceState& state, LogitRows logits, b
                                                          positions, pending_hidden_.row_slice(0, n),
                                                          {.logits = logits, .tap = {}, .prefill = prompt}));
   // The row kept moves to the front (a row does not depend on the step it runs in: row-exact).
-  if (keep_last)
-    PD_TRY(model_.backend().copy(pending_hidden_.row_slice(0, 1), pending_hidden_.row_slice(n, 1)));
+  if (keep_last) PD_TRY(place_rows(pending_hidden_.row_slice(0, 1), pending_hidden_.row_slice(n, 1)));
   pending_tokens_.erase(pending_tokens_.begin(), pending_tokens_.begin() + n);
   pending_first_ += n;
   return out;

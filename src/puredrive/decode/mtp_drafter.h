@@ -47,6 +47,9 @@ class MtpDrafter : public Drafter {
   // cache rows do not depend on how the prompt was cut (a prefix-cache hit resumes at another cut).
   Expected<StepOutput> flush(SequenceState& state, LogitRows logits, bool keep_last = false,
                              bool prompt = false);
+  // Hidden rows into the pending buffer through copy_many: on the GPU its addresses are data of the step, so
+  // the steps that place their rows at different offsets of the buffer share one graph.
+  Status place_rows(const Tensor& dst, const Tensor& src);
 
   Model& model_;
   Buffer pending_hidden_;  // F32 [max_rows, H]: hidden states of the pending rows

@@ -79,6 +79,10 @@ Status CudaBackend::init() {
   const char* env = std::getenv("PD_CUDA_GRAPHS");
   graphs_enabled_ = env == nullptr || std::string(env) != "0";
   copy_kernels_ = cuda::env_switch_on("PD_COPY_KERNELS");
+  const char* first_sight = std::getenv("PD_GRAPH_FIRST_SIGHT");
+  every_step_first_sight_ = first_sight != nullptr && std::string(first_sight) == "1";
+  const char* segment = std::getenv("PD_GRAPH_SEGMENT");
+  graph_segment_ops_ = segment != nullptr ? std::max(0, std::atoi(segment)) : 0;
   return Status::ok();
 }
 
@@ -266,14 +270,13 @@ Status CudaBackend::record_copy_many(std::span<const CopyRegion> regions) {
   PD_ASSIGN_OR_RETURN(uint8_t * table, stage(static_cast<size_t>(round.pinned_bytes())));
   uint8_t* mapped = staging_device_ + (table - staging_);
   round.write_table(table, mapped);
+  // The pieces' addresses and sizes are not part of the step's shape: the kernel reads them from the table,
+  // which every recording of the step writes again (a graph hit included) before the graph runs. So steps
+  // that copy to or from a different place (the MTP head's pending rows) replay one graph.
+  const auto count = static_cast<int64_t>(round.pieces.size());
   sig_.add(OpTag::kCopyMany);
   sig_.add(reinterpret_cast<uintptr_t>(table));
-  for (const cuda::CopySpan& sp : spans) {
-    sig_.add(reinterpret_cast<uintptr_t>(sp.dst));
-    sig_.add(reinterpret_cast<uintptr_t>(sp.src));
-    sig_.add(sp.bytes);
-  }
-  const auto count = static_cast<int64_t>(round.pieces.size());
+  sig_.add(count);
   submit(
       [mapped, count](cudaStream_t s) {
         cuda::launch_copy_pieces(reinterpret_cast<const cuda::CopyPiece*>(mapped), count, s);

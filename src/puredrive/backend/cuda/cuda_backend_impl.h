@@ -165,10 +165,11 @@ class CudaBackend final : public Backend {
     int64_t size = 0;
   };
   struct GraphEntry {
-    cudaGraphExec_t exec = nullptr;
+    std::vector<cudaGraphExec_t> execs;  // launched in order
     int64_t nodes = 0;
   };
   using Launch = std::function<void(cudaStream_t)>;
+  Status capture(std::span<Launch> ops, GraphEntry* entry);  // ops as one more graph of the entry
 
   bool recording() const { return step_depth_ > 0 && !step_eager_; }
 
@@ -257,6 +258,8 @@ class CudaBackend final : public Backend {
   bool copy_kernels_ =
       true;  // a step's copies, uploads and zero fills as kernels (PD_COPY_KERNELS=0: memcpy)
   bool reference_prefill_ = false;
+  int graph_segment_ops_ = 0;            // PD_GRAPH_SEGMENT: ops per graph of a step (0: one graph)
+  bool every_step_first_sight_ = false;  // PD_GRAPH_FIRST_SIGHT=1: every new step shape runs eagerly once
 
   std::vector<void*> weights_;  // device allocations of bound weights
   std::vector<DevMatrix> matrices_;

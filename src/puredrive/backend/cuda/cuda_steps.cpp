@@ -129,8 +129,9 @@ Status CudaBackend::run_pending() {
   pending_.clear();
   // A prefill step's shape (its rows) rarely comes back: it runs eagerly the first time, and records a graph
   // only when seen again (a prompt of a new length would otherwise cost a recording and a cache entry).
+  // PD_GRAPH_FIRST_SIGHT=1 (an experiment) treats every step so.
   bool first_prefill = false;
-  if (graphs_enabled_ && step_prefill_) {
+  if (graphs_enabled_ && (step_prefill_ || every_step_first_sight_)) {
     if (prefill_shapes_.size() >= kMaxGraphs * 8) prefill_shapes_.clear();
     first_prefill = prefill_shapes_.insert(std::hash<std::string>{}(sig_.bytes())).second &&
                     !graphs_.contains(sig_.bytes());
@@ -148,40 +149,58 @@ Status CudaBackend::run_pending() {
   auto it = graphs_.find(sig_.bytes());
   if (it == graphs_.end()) {
     if (graphs_.size() >= kMaxGraphs) clear_graphs();
-    PD_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    for (Launch& fn : ops) {
-      fn(stream_);
-      note_error(cudaGetLastError(), "kernel launch during graph capture");
-    }
-    cudaGraph_t graph = nullptr;
-    const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
-    if (e != cudaSuccess || !sticky_.is_ok()) {
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      cudaGetLastError();
-      Status s = take_error();
-      return s.is_ok() ? cuda_error(e, "cudaStreamEndCapture") : s;
-    }
-    size_t nodes = 0;
-    cudaGraphGetNodes(graph, nullptr, &nodes);
+    // PD_GRAPH_SEGMENT=N (an experiment): graphs of at most N ops each, so that the GPU starts on the first
+    // while the host still launches the next.
+    const size_t per = graph_segment_ops_ > 0 ? static_cast<size_t>(graph_segment_ops_) : ops.size();
     GraphEntry entry;
-    const cudaError_t ie = cudaGraphInstantiate(&entry.exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (ie != cudaSuccess) return cuda_error(ie, "cudaGraphInstantiate");
-    entry.nodes = static_cast<int64_t>(nodes);
+    for (size_t first = 0; first < ops.size(); first += per) {
+      const Status st = capture(std::span(ops).subspan(first, std::min(per, ops.size() - first)), &entry);
+      if (!st.is_ok()) {
+        for (cudaGraphExec_t x : entry.execs) cudaGraphExecDestroy(x);
+        return st;
+      }
+    }
     stats_.last_graph_nodes = entry.nodes;
     ++stats_.graphs_captured;
-    it = graphs_.emplace(sig_.bytes(), entry).first;
+    it = graphs_.emplace(sig_.bytes(), std::move(entry)).first;
   }
   PD_CUDA_TRY(cudaEventRecord(graph_start_, stream_));
-  PD_CUDA_TRY(cudaGraphLaunch(it->second.exec, stream_));
+  for (cudaGraphExec_t x : it->second.execs) PD_CUDA_TRY(cudaGraphLaunch(x, stream_));
   PD_CUDA_TRY(cudaEventRecord(graph_end_, stream_));
   graph_timed_ = true;
   ++stats_.graph_replays;
   return Status::ok();
 }
 
+Status CudaBackend::capture(std::span<Launch> ops, GraphEntry* entry) {
+  PD_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  for (Launch& fn : ops) {
+    fn(stream_);
+    note_error(cudaGetLastError(), "kernel launch during graph capture");
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+  if (e != cudaSuccess || !sticky_.is_ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    Status s = take_error();
+    return s.is_ok() ? cuda_error(e, "cudaStreamEndCapture") : s;
+  }
+  size_t nodes = 0;
+  cudaGraphGetNodes(graph, nullptr, &nodes);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (ie != cudaSuccess) return cuda_error(ie, "cudaGraphInstantiate");
+  entry->execs.push_back(exec);
+  entry->nodes += static_cast<int64_t>(nodes);
+  return Status::ok();
+}
+
 void CudaBackend::clear_graphs() {
-  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+  for (auto& [key, g] : graphs_) {
+    for (cudaGraphExec_t x : g.execs) cudaGraphExecDestroy(x);
+  }
   graphs_.clear();
 }
 
