@@ -33,13 +33,22 @@ struct GpuGenerator {
   std::unique_ptr<Generator> gen;
 };
 
-// A fixture's generator on a fresh CUDA backend (graphs on or off), or null with the reason.
-std::unique_ptr<GpuGenerator> open_gpu(const std::string& fixture, bool graphs, std::string* why,
+// How a backend launches its steps: environment switches read when it is created.
+struct Launches {
+  const char* name = "graphs";
+  const char* env = nullptr;  // the switch, or null: the default (one graph per step shape)
+  const char* value = nullptr;
+};
+constexpr Launches kGraphs{};
+constexpr Launches kEager{"eager", "PD_CUDA_GRAPHS", "0"};
+
+// A fixture's generator on a fresh CUDA backend, or null with the reason.
+std::unique_ptr<GpuGenerator> open_gpu(const std::string& fixture, const Launches& launches, std::string* why,
                                        int draft_vocab = 0) {
   auto g = std::make_unique<GpuGenerator>();
-  if (!graphs) setenv("PD_CUDA_GRAPHS", "0", 1);
+  if (launches.env != nullptr) setenv(launches.env, launches.value, 1);
   g->be = cudatest::try_cuda(why);
-  if (!graphs) unsetenv("PD_CUDA_GRAPHS");
+  if (launches.env != nullptr) unsetenv(launches.env);
   if (g->be == nullptr) return nullptr;
   Expected<Checkpoint> ck = load_checkpoint(golden::fixtures_dir() + "/" + fixture);
   PD_ASSERT(ck.has_value(), "{}", ck.status().to_string());
@@ -85,7 +94,7 @@ class CudaGenerator : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaGenerator, MtpCyclesEqualPlainDecoding) {
   std::string why;
   for (int draft_vocab : {0, 64}) {
-    std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), true, &why, draft_vocab);
+    std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), kGraphs, &why, draft_vocab);
     if (g == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
     ASSERT_TRUE(g->gen->has_drafter());
     const int tokens = cudatest::quick() ? 32 : 128;
@@ -127,27 +136,23 @@ TEST_P(CudaGenerator, MtpCyclesEqualPlainDecoding) {
   }
 }
 
-// The same requests with graphs on and off: the same tokens and logprobs, bit for bit.
-TEST_P(CudaGenerator, GraphsEqualEagerLaunches) {
-  std::string why;
-  std::unique_ptr<GpuGenerator> on = open_gpu(GetParam(), true, &why),
-                                off = open_gpu(GetParam(), false, &why);
-  if (on == nullptr || off == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-  const std::vector<int32_t> prompt = prompt_of(GetParam(), 2);
+// The requests of GraphsEqualEagerLaunches on two backends of the fixture.
+void compare_launches(const std::string& fixture, GpuGenerator& on, GpuGenerator& off) {
+  const std::vector<int32_t> prompt = prompt_of(fixture, 2);
   DecodeRequest plain_req;
   plain_req.prompt = prompt;
   plain_req.sampling = greedy();
   plain_req.max_tokens = 100;
-  Expected<DecodeResult> plain = off->gen->generate(plain_req);
+  Expected<DecodeResult> plain = off.gen->generate(plain_req);
   ASSERT_TRUE(plain.has_value()) << plain.status().to_string();
-  const int V = on->ckpt.config.vocab_size;
+  const int V = on.ckpt.config.vocab_size;
   for (const SamplingParams& sampling : {greedy(), seeded(7)}) {
     for (bool scripted : {false, true}) {
       SCOPED_TRACE(
           fmt::format("temperature {}, {} drafter", sampling.temperature, scripted ? "scripted" : "MTP"));
       std::vector<DecodeResult> results;
       std::vector<std::vector<uint32_t>> logprob_bits;
-      for (GpuGenerator* g : {on.get(), off.get()}) {
+      for (GpuGenerator* g : {&on, &off}) {
         ScriptedDrafter drafter(plain->tokens, ScriptedDrafter::Mode::kRandomPrefix, V, 5);
         DecodeRequest req;
         req.prompt = prompt;
@@ -182,10 +187,25 @@ TEST_P(CudaGenerator, GraphsEqualEagerLaunches) {
   }
 }
 
+// The same requests with graphs on and off, and with the experiment switches of the graphs (a step in
+// graphs of a few ops each; every new step shape eager once): the same tokens and logprobs, bit for bit.
+TEST_P(CudaGenerator, GraphsEqualEagerLaunches) {
+  std::string why;
+  std::unique_ptr<GpuGenerator> off = open_gpu(GetParam(), kEager, &why);
+  if (off == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
+  for (const Launches& launches : {kGraphs, Launches{"graph segments", "PD_GRAPH_SEGMENT", "5"},
+                                   Launches{"first sight eager", "PD_GRAPH_FIRST_SIGHT", "1"}}) {
+    SCOPED_TRACE(launches.name);
+    std::unique_ptr<GpuGenerator> on = open_gpu(GetParam(), launches, &why);
+    ASSERT_NE(on, nullptr) << why;
+    compare_launches(GetParam(), *on, *off);
+  }
+}
+
 // One host wait per plain step and per cycle, and the cycles replayed as graphs.
 TEST_P(CudaGenerator, OneHostWaitPerCycle) {
   std::string why;
-  std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), true, &why);
+  std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), kGraphs, &why);
   if (g == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
   DecodeRequest req;
   req.prompt = {11};  // nothing to prefill: every wait belongs to the decode loop
@@ -209,7 +229,7 @@ TEST_P(CudaGenerator, OneHostWaitPerCycle) {
 // to a new place, and recorded a graph of its own.
 TEST_P(CudaGenerator, PlainStepsWithTheHeadReplayTheirGraphs) {
   std::string why;
-  std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), true, &why);
+  std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), kGraphs, &why);
   if (g == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
   Expected<SequenceState> st = step_state(*g);
   ASSERT_TRUE(st.has_value()) << st.status().to_string();
@@ -244,7 +264,7 @@ TEST_P(CudaGenerator, PlainStepsWithTheHeadReplayTheirGraphs) {
 // of a new length does not pay for a graph it will not replay.
 TEST_P(CudaGenerator, PrefillStepsRecordAGraphWhenTheirShapeComesBack) {
   std::string why;
-  std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), true, &why);
+  std::unique_ptr<GpuGenerator> g = open_gpu(GetParam(), kGraphs, &why);
   if (g == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
   Expected<SequenceState> st = step_state(*g);
   ASSERT_TRUE(st.has_value()) << st.status().to_string();
