@@ -79,10 +79,8 @@ Status CudaBackend::init() {
   const char* env = std::getenv("PD_CUDA_GRAPHS");
   graphs_enabled_ = env == nullptr || std::string(env) != "0";
   copy_kernels_ = cuda::env_switch_on("PD_COPY_KERNELS");
-  const char* first_sight = std::getenv("PD_GRAPH_FIRST_SIGHT");
-  every_step_first_sight_ = first_sight != nullptr && std::string(first_sight) == "1";
-  const char* segment = std::getenv("PD_GRAPH_SEGMENT");
-  graph_segment_ops_ = segment != nullptr ? std::max(0, std::atoi(segment)) : 0;
+  every_step_first_sight_ = cuda::env_int("PD_GRAPH_FIRST_SIGHT", 0) == 1;
+  graph_segment_ops_ = std::max(0, cuda::env_int("PD_GRAPH_SEGMENT", 0));
   return Status::ok();
 }
 

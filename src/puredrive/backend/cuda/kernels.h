@@ -21,6 +21,12 @@ inline bool env_switch_on(const char* name) {
   return v == nullptr || v[0] != '0';
 }
 
+// An integer setting from the environment (atoi's reading), or `fallback` when `name` is unset.
+inline int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : fallback;
+}
+
 constexpr int kMaxRows = 8;  // rows one launch of a weight-reading kernel handles (registers per thread)
 constexpr int kBlock = 256;  // threads of a matrix-vector block: 8 warps, one output row per warp at a time
 constexpr int kAttnSplit =

@@ -1,9 +1,10 @@
 #include "puredrive/backend/cuda/weight_upload.h"
 
-#include <cstdlib>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "puredrive/backend/cuda/kernels.h"
 
 namespace pd::cuda {
 namespace {
@@ -12,8 +13,7 @@ constexpr size_t kChunkBytes = 16u << 20;
 
 // Reader threads: 4, or PD_UPLOAD_THREADS (1..64) for machines whose file reads need more in flight.
 int reader_threads() {
-  const char* v = std::getenv("PD_UPLOAD_THREADS");
-  const int n = v != nullptr ? std::atoi(v) : 0;
+  const int n = env_int("PD_UPLOAD_THREADS", 0);
   return n >= 1 && n <= 64 ? n : 4;
 }
 
